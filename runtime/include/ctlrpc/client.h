@@ -1,0 +1,174 @@
+/*
+ * ctlrpc/client.h - calling storage units: call, call_many and notify.
+ *
+ * A ctl_client talks to units over DEALER sockets lent by a per-address pool
+ * (PROTOCOL.md, "Transport"). One request is in flight per socket. A socket
+ * goes back to the pool only after a complete reply carrying its request's
+ * own id; after a timeout, a reply for another id, or a transport or decode
+ * failure it is retired and never lent again, so a late reply can never
+ * reach a later call. Retired sockets are kept a short grace period
+ * (ctl_client_options.late_grace_ms) during which anything arriving on them
+ * is drained and counted as a late reply, then closed.
+ *
+ * Args and results at this level are untyped msgpack: args go in as the
+ * packed bytes of a map (the caller keeps them), results come out as a
+ * decoded msgpack_object inside a ctl_reply handle, whose strings and bins
+ * are views into the received message. The typed stubs of ctlrpc-gen sit on
+ * top of this API.
+ *
+ * Errors (ctl_error): CTL_UNIT_FULL, CTL_BUSY (reason), CTL_MISSING (blobs)
+ * as the unit raised them; CTL_TRANSFER for a remote Protocol error or an
+ * unknown kind (cause CTL_CAUSE_REMOTE), a timeout, a transport failure or
+ * an undecodable reply; CTL_INVALID for unusable arguments. Every message
+ * names the address and the op.
+ *
+ * Threading: a client may be shared by any number of threads; every
+ * function except ctl_client_destroy is thread-safe. Destroy it only after
+ * every call on it has returned.
+ */
+#ifndef CTLRPC_CLIENT_H
+#define CTLRPC_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "ctlrpc/error.h"
+#include "ctlrpc/wire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctl_client ctl_client;
+
+/* A received reply: owns the message and the decoded result. */
+typedef struct ctl_reply ctl_reply;
+
+typedef struct ctl_client_options {
+    /* Deadline used when a call passes timeout_ms < 0, and for notify's
+     * send. Default 30000 (the reference design's 30 s). */
+    int default_timeout_ms;
+    /* How long a retired socket is kept to drain and count late replies
+     * before it is closed. Default 1000. 0 closes at once. */
+    int late_grace_ms;
+    /* Most idle sockets kept per address; extra ones are closed when
+     * returned. Default 16. */
+    unsigned max_idle_per_address;
+    /* Most retired sockets kept draining at once; beyond it the oldest is
+     * closed early. Default 64. */
+    unsigned max_retired;
+    /* Bounds for decoding replies; zero fields take the defaults. */
+    ctl_limits limits;
+    /* A ZeroMQ context to create sockets in (borrowed), or NULL for a
+     * private one. */
+    void *zmq_context;
+} ctl_client_options;
+
+/* Set `opts` to the defaults. */
+void ctl_client_options_init(ctl_client_options *opts);
+
+/* Create a client. `opts` may be NULL for the defaults; it is not kept.
+ * Returns 0 and stores the client in *out, or CTL_INVALID / CTL_TRANSFER
+ * (cause NOMEM or TRANSPORT) with *out left NULL. */
+int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
+                   ctl_error *err);
+
+/* Close every socket (idle ones linger up to 100 ms so queued notifies can
+ * leave) and free the client; sets *client to NULL. Accepts NULL and a
+ * pointer to NULL. Not thread-safe: no call may be running on the client. */
+void ctl_client_destroy(ctl_client **client);
+
+/*
+ * Request/reply: send [op, id, args] to `address` ("tcp://host:port") and
+ * wait up to `timeout_ms` (< 0: the client's default) for the reply with
+ * that id. `args`/`args_len` are the packed bytes of one msgpack map (copied;
+ * the caller keeps them); NULL/0 sends an empty map.
+ *
+ * On success returns 0 and stores the reply in *reply (caller owns: free it
+ * with ctl_reply_destroy). On failure returns the negative kind, fills `err`
+ * and leaves *reply NULL. Blocking: at most `timeout_ms`.
+ */
+int ctl_client_call(ctl_client *client, const char *address, const char *op,
+                    const void *args, size_t args_len, int timeout_ms,
+                    ctl_reply **reply, ctl_error *err);
+
+/*
+ * Fire-and-forget: send [op, "", args] to `address` and return as soon as
+ * the message is queued, without waiting for any reply (notify ops get
+ * none). Waits for queue space at most the client's default timeout.
+ * Returns 0 or a negative kind (CTL_INVALID, CTL_TRANSFER). A notify and a
+ * later call from the same thread to the same address reach the unit in
+ * order when no other thread uses that address meanwhile (they share the
+ * pool's most recently returned socket); otherwise order is not promised.
+ */
+int ctl_client_notify(ctl_client *client, const char *address, const char *op,
+                      const void *args, size_t args_len, ctl_error *err);
+
+/* One target of a fan-out: the address and its args (packed map bytes,
+ * borrowed for the duration of the call; NULL/0 for an empty map). The same
+ * address may appear more than once; each entry is a separate request. */
+typedef struct ctl_target {
+    const char *address;
+    const void *args;
+    size_t args_len;
+} ctl_target;
+
+/* The outcome of one target: on success `reply` is set (caller owns it) and
+ * `error.kind` is CTL_OK; on failure `reply` is NULL and `error` says why. */
+typedef struct ctl_outcome {
+    ctl_reply *reply;
+    ctl_error error;
+} ctl_outcome;
+
+/*
+ * Fan-out: send `op` to every target before reading any reply, then collect
+ * replies until they are all in or the one deadline for the whole batch
+ * (`timeout_ms`, < 0: the client's default) passes. `outcomes` has
+ * `count` entries, which this function initialises (their previous contents
+ * are ignored); release them with ctl_outcomes_fini. One target's failure
+ * does not affect the others.
+ *
+ * Returns the number of failed targets (0 when all succeeded), or a
+ * negative kind when the batch could not be attempted at all (NULL
+ * arguments: CTL_INVALID, with every outcome holding that error).
+ * Blocking: at most `timeout_ms`.
+ */
+int ctl_client_call_many(ctl_client *client, const char *op,
+                         const ctl_target *targets, size_t count,
+                         int timeout_ms, ctl_outcome *outcomes);
+
+/* Release `count` outcomes (replies and errors). Accepts NULL. */
+void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count);
+
+/* The decoded result (nil for ops without one). Borrowed from the reply:
+ * it and every string/bin inside are valid until ctl_reply_destroy. */
+const msgpack_object *ctl_reply_result(const ctl_reply *reply);
+
+/* The request id the reply carried (view into the reply). */
+ctl_str ctl_reply_id(const ctl_reply *reply);
+
+/* Free a reply; sets *reply to NULL. Accepts NULL and a pointer to NULL. */
+void ctl_reply_destroy(ctl_reply **reply);
+
+/* Counters since creation (each exact; the set is not a snapshot). */
+typedef struct ctl_client_stats {
+    uint64_t calls;           /* requests sent expecting a reply */
+    uint64_t notifies;        /* notifies sent */
+    uint64_t timeouts;        /* calls that ended without a reply in time */
+    uint64_t late_replies;    /* replies that reached a socket whose call
+                                 had ended or that carried another id */
+    uint64_t sockets_opened;  /* DEALER sockets created */
+    uint64_t sockets_retired; /* sockets taken out of use after a timeout,
+                                 a mismatched id or a failure */
+    uint64_t sockets_closed;  /* sockets closed, for any reason */
+} ctl_client_stats;
+
+void ctl_client_stats_get(ctl_client *client, ctl_client_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTLRPC_CLIENT_H */

@@ -1,0 +1,28 @@
+/*
+ * ctlrpc/ctlrpc.h - the whole public API of libctlrpc in one include.
+ *
+ * Conventions (see docs/API.md): functions return 0 or a negative ctl_kind
+ * and fill a caller-owned ctl_error; heap objects are made by `_new` and
+ * freed by `_destroy(T **)`, which accepts NULL and NULLs the caller's
+ * pointer; caller-owned storage is set up by `_init` and released by `_fini`.
+ */
+#ifndef CTLRPC_CTLRPC_H
+#define CTLRPC_CTLRPC_H
+
+/* The interface generated code is written against. Generated headers check
+ * it (`#if CTL_GEN_ABI != N` / `#error`) and must be regenerated when it
+ * changes. */
+#define CTL_GEN_ABI 1
+
+#define CTLRPC_VERSION_MAJOR 0
+#define CTLRPC_VERSION_MINOR 1
+#define CTLRPC_VERSION_PATCH 0
+#define CTLRPC_VERSION_STRING "0.1.0"
+
+#include "ctlrpc/error.h"
+#include "ctlrpc/wire.h"
+#include "ctlrpc/net.h"
+#include "ctlrpc/server.h"
+#include "ctlrpc/client.h"
+
+#endif /* CTLRPC_CTLRPC_H */

@@ -1,0 +1,571 @@
+/*
+ * client.c - call, call_many and notify over the socket pool.
+ *
+ * call is call_many with one target: both go through the same three steps
+ * per request (send_request, on_readable, and the deadline), so a single
+ * call and a fan-out cannot drift apart in how they treat ids, timeouts
+ * and late replies.
+ *
+ * A request is packed into a fresh buffer that ZeroMQ takes over without a
+ * copy (zmq_msg_init_data). A reply is received into a zmq_msg_t that the
+ * ctl_reply handle keeps, and decoded into the handle's own zone; the
+ * result's strings and bins point into that message.
+ *
+ * Request ids are 12 lowercase hex digits, as the reference design uses,
+ * drawn from a per-client counter that starts at a random point: unique
+ * among a client's requests in flight, and unlikely to collide with another
+ * client's ids (which does not matter for correctness: ids are only ever
+ * compared on the socket that sent them).
+ */
+#include "ctlrpc/client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "pool_int.h"
+#include "util_int.h"
+#include "wire_int.h"
+
+#define ID_LEN 12
+#define REPLY_ZONE_CHUNK 1024
+
+struct ctl_client {
+    void *ctx;
+    int own_ctx;
+    ctl_client_options opts;
+    ctl_pool *pool;
+    _Atomic uint64_t next_id;
+    _Atomic uint64_t calls;
+    _Atomic uint64_t notifies;
+    _Atomic uint64_t timeouts;
+};
+
+struct ctl_reply {
+    zmq_msg_t msg;
+    msgpack_zone zone;
+    ctl_str id;
+    msgpack_object result;
+};
+
+/* One request of a call or a fan-out. */
+typedef struct pending {
+    const char *address;
+    void *sock;
+    char id[ID_LEN + 1];
+    int dirty; /* saw a message for another id: never return to the pool */
+    int done;
+    ctl_reply **reply; /* where the reply goes on success */
+    ctl_error *err;    /* where the failure goes */
+} pending;
+
+void ctl_client_options_init(ctl_client_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->default_timeout_ms = 30000;
+    opts->late_grace_ms = 1000;
+    opts->max_idle_per_address = 16;
+    opts->max_retired = 64;
+}
+
+int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
+                   ctl_error *err)
+{
+    if (!out)
+        return ctl_error_set(err, CTL_INVALID, "client: out is NULL");
+    *out = NULL;
+    ctl_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
+    if (opts)
+        c->opts = *opts;
+    else
+        ctl_client_options_init(&c->opts);
+    if (c->opts.default_timeout_ms < 0) {
+        int bad = c->opts.default_timeout_ms;
+        free(c);
+        return ctl_error_set(err, CTL_INVALID,
+                             "client: default_timeout_ms %d is negative", bad);
+    }
+    if (c->opts.max_idle_per_address == 0)
+        c->opts.max_idle_per_address = 16;
+    if (c->opts.max_retired == 0)
+        c->opts.max_retired = 64;
+    c->opts.limits = ctl_limits_resolve(&c->opts.limits);
+
+    c->ctx = c->opts.zmq_context;
+    if (!c->ctx) {
+        c->ctx = zmq_ctx_new();
+        c->own_ctx = 1;
+        if (!c->ctx) {
+            free(c);
+            return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                                      "client: cannot create a ZeroMQ "
+                                      "context: %s",
+                                      zmq_strerror(zmq_errno()));
+        }
+    }
+    ctl_pool_options po = {c->opts.max_idle_per_address, c->opts.max_retired,
+                           c->opts.late_grace_ms, c->opts.limits.max_msg_bytes};
+    c->pool = ctl_pool_new(c->ctx, &po);
+    if (!c->pool) {
+        if (c->own_ctx)
+            zmq_ctx_term(c->ctx);
+        free(c);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
+    }
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != sizeof seed)
+        seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
+               (uint64_t)(uintptr_t)c;
+    atomic_init(&c->next_id, seed);
+    *out = c;
+    return 0;
+}
+
+void ctl_client_destroy(ctl_client **client)
+{
+    if (!client || !*client)
+        return;
+    ctl_client *c = *client;
+    ctl_pool_destroy(&c->pool);
+    if (c->own_ctx)
+        zmq_ctx_term(c->ctx);
+    free(c);
+    *client = NULL;
+}
+
+static void new_id(ctl_client *c, char out[ID_LEN + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint64_t v = atomic_fetch_add_explicit(&c->next_id, 1, memory_order_relaxed);
+    for (int i = ID_LEN - 1; i >= 0; i--, v >>= 4)
+        out[i] = hex[v & 15];
+    out[ID_LEN] = '\0';
+}
+
+static void free_buffer(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* Send one message on `sock`, waiting for queue space until `deadline_ms`.
+ * Takes over `data` (malloc'd, freed by ZeroMQ) in every case. */
+static int send_until(void *sock, char *data, size_t size, int64_t deadline_ms,
+                      const char *address, const char *op, ctl_error *err)
+{
+    zmq_msg_t m;
+    if (zmq_msg_init_data(&m, data, size, free_buffer, NULL) != 0) {
+        free(data);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                  "%s at %s: out of memory", op, address);
+    }
+    for (;;) {
+        if (zmq_msg_send(&m, sock, ZMQ_DONTWAIT) >= 0)
+            return 0;
+        int e = zmq_errno();
+        if (e == EINTR)
+            continue;
+        if (e == EAGAIN) {
+            zmq_pollitem_t it = {sock, 0, ZMQ_POLLOUT, 0};
+            int left = ctl_ms_left(deadline_ms);
+            if (left > 0 && zmq_poll(&it, 1, left) >= 0)
+                continue;
+            if (left > 0 && zmq_errno() == EINTR)
+                continue;
+            zmq_msg_close(&m);
+            return ctl_error_transfer(err, CTL_CAUSE_TIMEOUT,
+                                      "%s at %s: timed out waiting to send",
+                                      op, address);
+        }
+        zmq_msg_close(&m);
+        return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                                  "%s at %s: send failed: %s", op, address,
+                                  zmq_strerror(e));
+    }
+}
+
+/* Pack [op, id, args] into a fresh buffer for ZeroMQ to own. */
+static int pack_request(const char *op, const char *id, const void *args,
+                        size_t args_len, const char *address, char **data,
+                        size_t *size, ctl_error *err)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    if (ctl_wire_pack_request(&sb, ctl_str_c(op), ctl_str_c(id), args,
+                              args_len) != 0) {
+        msgpack_sbuffer_destroy(&sb);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                  "%s at %s: out of memory packing the "
+                                  "request", op, address);
+    }
+    *size = sb.size;
+    *data = msgpack_sbuffer_release(&sb);
+    return 0;
+}
+
+/* Lend a socket and send the request of `p`. On failure the socket (if
+ * any) is retired and `err` says why. */
+static int send_request(ctl_client *c, pending *p, const char *op,
+                        const void *args, size_t args_len, int64_t deadline_ms,
+                        ctl_error *err)
+{
+    char *data = NULL;
+    size_t size = 0;
+    int rc;
+    p->sock = ctl_pool_lend(c->pool, p->address, err);
+    if (!p->sock)
+        return err ? err->kind : CTL_TRANSFER;
+    new_id(c, p->id);
+    if ((rc = pack_request(op, p->id, args, args_len, p->address, &data, &size,
+                           err)) != 0 ||
+        (rc = send_until(p->sock, data, size, deadline_ms, p->address, op,
+                         err)) != 0) {
+        ctl_pool_retire(c->pool, p->sock);
+        p->sock = NULL;
+        return rc;
+    }
+    atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
+    return 0;
+}
+
+static void reply_free(ctl_reply *r)
+{
+    zmq_msg_close(&r->msg);
+    msgpack_zone_destroy(&r->zone);
+    free(r);
+}
+
+/* Finish `p`: its socket goes back to the pool only after a clean, matching
+ * reply; otherwise it is retired. */
+static void finish(ctl_client *c, pending *p, int clean)
+{
+    if (p->sock) {
+        if (clean && !p->dirty)
+            ctl_pool_return(c->pool, p->address, p->sock);
+        else
+            ctl_pool_retire(c->pool, p->sock);
+        p->sock = NULL;
+    }
+    p->done = 1;
+}
+
+/*
+ * Read every message waiting on p->sock. Ends `p` (done) when its own
+ * reply has come, successfully (*reply set) or not (`err` set), or when the
+ * socket failed. Messages for other ids are counted and skipped.
+ */
+static void on_readable(ctl_client *c, pending *p, const char *op)
+{
+    ctl_error *err = p->err;
+    while (!p->done) {
+        ctl_reply *r = calloc(1, sizeof *r);
+        if (!r || !msgpack_zone_init(&r->zone, REPLY_ZONE_CHUNK)) {
+            free(r);
+            ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                               "%s at %s: out of memory for the reply", op,
+                               p->address);
+            finish(c, p, 0);
+            return;
+        }
+        zmq_msg_init(&r->msg);
+        if (zmq_msg_recv(&r->msg, p->sock, ZMQ_DONTWAIT) < 0) {
+            int e = zmq_errno();
+            reply_free(r);
+            if (e == EAGAIN || e == EINTR)
+                return; /* nothing more for now */
+            ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                               "%s at %s: receive failed: %s", op, p->address,
+                               zmq_strerror(e));
+            finish(c, p, 0);
+            return;
+        }
+        if (zmq_msg_more(&r->msg)) {
+            /* Replies are one frame; a multi-frame message is not ours to
+             * read. Drain the rest, then fail this socket. */
+            while (zmq_msg_more(&r->msg) &&
+                   zmq_msg_recv(&r->msg, p->sock, ZMQ_DONTWAIT) >= 0)
+                ;
+            reply_free(r);
+            ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
+                               "%s at %s: reply has more than one frame", op,
+                               p->address);
+            finish(c, p, 0);
+            return;
+        }
+        char why[160];
+        ctl_reply_view v;
+        if (ctl_wire_decode_reply(zmq_msg_data(&r->msg), zmq_msg_size(&r->msg),
+                                  &c->opts.limits, &r->zone, &v, why,
+                                  sizeof why) != 0) {
+            reply_free(r);
+            ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
+                               "%s at %s: bad reply: %s", op, p->address, why);
+            finish(c, p, 0);
+            return;
+        }
+        if (v.id.len != ID_LEN || memcmp(v.id.ptr, p->id, ID_LEN) != 0) {
+            /* A reply to something else: an earlier notify the unit
+             * answered, or a peer that mixes ids up. */
+            ctl_pool_count_late(c->pool);
+            p->dirty = 1;
+            reply_free(r);
+            continue;
+        }
+        if (v.ok) {
+            r->id = v.id;
+            r->result = v.body;
+            *p->reply = r;
+        } else {
+            ctl_error_from_reply(err, p->address, op, &v.body);
+            reply_free(r);
+        }
+        finish(c, p, 1);
+    }
+}
+
+static int resolve_timeout(const ctl_client *c, int timeout_ms)
+{
+    return timeout_ms < 0 ? c->opts.default_timeout_ms : timeout_ms;
+}
+
+/* Wait for the replies of `n` pending requests until `deadline_ms`; those
+ * still pending then end with a timeout. */
+static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
+                    int64_t deadline_ms, int timeout_ms)
+{
+    enum { SMALL = 16 };
+    zmq_pollitem_t small_items[SMALL];
+    size_t small_which[SMALL];
+    zmq_pollitem_t *items = small_items;
+    size_t *which = small_which;
+    if (n > SMALL) {
+        items = calloc(n, sizeof *items);
+        which = calloc(n, sizeof *which);
+    }
+    for (;;) {
+        size_t k = 0;
+        for (size_t i = 0; i < n && items && which; i++) {
+            if (ps[i].done)
+                continue;
+            items[k] = (zmq_pollitem_t){ps[i].sock, 0, ZMQ_POLLIN, 0};
+            which[k++] = i;
+        }
+        if (!items || !which) {
+            /* Out of memory: fail the rest rather than wait blind. */
+            for (size_t i = 0; i < n; i++) {
+                if (ps[i].done)
+                    continue;
+                ctl_error_transfer(ps[i].err, CTL_CAUSE_NOMEM,
+                                   "%s at %s: out of memory", op,
+                                   ps[i].address);
+                finish(c, &ps[i], 0);
+            }
+            break;
+        }
+        if (k == 0)
+            break;
+        int left = ctl_ms_left(deadline_ms);
+        int rc = left > 0 ? zmq_poll(items, (int)k, left) : 0;
+        if (rc < 0 && zmq_errno() == EINTR)
+            continue;
+        if (rc <= 0) {
+            /* The deadline (or a broken poll): whoever is left times out. */
+            for (size_t j = 0; j < k; j++) {
+                pending *p = &ps[which[j]];
+                ctl_error_transfer(p->err, CTL_CAUSE_TIMEOUT,
+                                   "%s at %s: no reply within %d ms", op,
+                                   p->address, timeout_ms);
+                atomic_fetch_add_explicit(&c->timeouts, 1,
+                                          memory_order_relaxed);
+                finish(c, p, 0);
+            }
+            break;
+        }
+        for (size_t j = 0; j < k; j++)
+            if (items[j].revents & ZMQ_POLLIN)
+                on_readable(c, &ps[which[j]], op);
+    }
+    if (items != small_items)
+        free(items);
+    if (which != small_which)
+        free(which);
+}
+
+int ctl_client_call(ctl_client *client, const char *address, const char *op,
+                    const void *args, size_t args_len, int timeout_ms,
+                    ctl_reply **reply, ctl_error *err)
+{
+    if (reply)
+        *reply = NULL;
+    if (!client || !address || !op || !reply)
+        return ctl_error_set(err, CTL_INVALID, "call %s at %s: %s is NULL",
+                             op ? op : "(null op)",
+                             address ? address : "(null address)",
+                             !client ? "client" : !address ? "address"
+                                                : !op     ? "op"
+                                                          : "reply");
+    ctl_error_clear(err);
+    int tmo = resolve_timeout(client, timeout_ms);
+    int64_t deadline = ctl_now_ms() + tmo;
+    ctl_error local;
+    ctl_error *e = err ? err : &local;
+    if (!err)
+        ctl_error_init(&local);
+    pending p = {address, NULL, {0}, 0, 0, reply, e};
+    int rc = send_request(client, &p, op, args, args_len, deadline, e);
+    if (rc == 0)
+        collect(client, &p, 1, op, deadline, tmo);
+    rc = *reply ? 0 : (e->kind ? (int)e->kind : CTL_TRANSFER);
+    if (!err)
+        ctl_error_fini(&local);
+    return rc;
+}
+
+int ctl_client_call_many(ctl_client *client, const char *op,
+                         const ctl_target *targets, size_t count,
+                         int timeout_ms, ctl_outcome *outcomes)
+{
+    if (!outcomes)
+        return CTL_INVALID;
+    for (size_t i = 0; i < count; i++) {
+        outcomes[i].reply = NULL;
+        ctl_error_init(&outcomes[i].error);
+    }
+    if (!client || !op || (count && !targets)) {
+        for (size_t i = 0; i < count; i++)
+            ctl_error_set(&outcomes[i].error, CTL_INVALID,
+                          "call_many %s: %s is NULL", op ? op : "(null op)",
+                          !client ? "client" : !op ? "op" : "targets");
+        return CTL_INVALID;
+    }
+    if (count == 0)
+        return 0;
+    int tmo = resolve_timeout(client, timeout_ms);
+    int64_t deadline = ctl_now_ms() + tmo;
+    pending *ps = calloc(count, sizeof *ps);
+    ctl_reply **replies = calloc(count, sizeof *replies);
+    if (!ps || !replies) {
+        free(ps);
+        free(replies);
+        for (size_t i = 0; i < count; i++)
+            ctl_error_transfer(&outcomes[i].error, CTL_CAUSE_NOMEM,
+                               "call_many %s: out of memory", op);
+        return (int)(count > INT32_MAX ? INT32_MAX : count);
+    }
+    /* Every request goes out before any reply is read. */
+    for (size_t i = 0; i < count; i++) {
+        ps[i].address = targets[i].address;
+        ps[i].reply = &replies[i];
+        ps[i].err = &outcomes[i].error;
+        if (!ps[i].address) {
+            ctl_error_set(&outcomes[i].error, CTL_INVALID,
+                          "call_many %s: target #%zu has no address", op, i);
+            ps[i].done = 1;
+            continue;
+        }
+        if (send_request(client, &ps[i], op, targets[i].args,
+                         targets[i].args_len, deadline,
+                         &outcomes[i].error) != 0)
+            ps[i].done = 1;
+    }
+    collect(client, ps, count, op, deadline, tmo);
+    size_t failed = 0;
+    for (size_t i = 0; i < count; i++) {
+        outcomes[i].reply = replies[i];
+        if (!replies[i]) {
+            failed++;
+            if (outcomes[i].error.kind == CTL_OK)
+                ctl_error_transfer(&outcomes[i].error, CTL_CAUSE_TRANSPORT,
+                                   "%s at %s: no reply", op, ps[i].address);
+        }
+    }
+    free(ps);
+    free(replies);
+    return failed > INT32_MAX ? INT32_MAX : (int)failed;
+}
+
+void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count)
+{
+    if (!outcomes)
+        return;
+    for (size_t i = 0; i < count; i++) {
+        ctl_reply_destroy(&outcomes[i].reply);
+        ctl_error_fini(&outcomes[i].error);
+    }
+}
+
+int ctl_client_notify(ctl_client *client, const char *address, const char *op,
+                      const void *args, size_t args_len, ctl_error *err)
+{
+    if (!client || !address || !op)
+        return ctl_error_set(err, CTL_INVALID, "notify %s at %s: %s is NULL",
+                             op ? op : "(null op)",
+                             address ? address : "(null address)",
+                             !client ? "client" : !address ? "address" : "op");
+    ctl_error_clear(err);
+    int64_t deadline = ctl_now_ms() + client->opts.default_timeout_ms;
+    ctl_error local;
+    ctl_error *e = err ? err : &local;
+    if (!err)
+        ctl_error_init(&local);
+    char *data = NULL;
+    size_t size = 0;
+    int rc;
+    void *sock = ctl_pool_lend(client->pool, address, e);
+    if (!sock) {
+        rc = e->kind;
+    } else if ((rc = pack_request(op, "", args, args_len, address, &data,
+                                  &size, e)) != 0 ||
+               (rc = send_until(sock, data, size, deadline, address, op,
+                                e)) != 0) {
+        ctl_pool_retire(client->pool, sock);
+    } else {
+        atomic_fetch_add_explicit(&client->notifies, 1, memory_order_relaxed);
+        ctl_pool_return(client->pool, address, sock);
+    }
+    if (!err)
+        ctl_error_fini(&local);
+    return rc;
+}
+
+const msgpack_object *ctl_reply_result(const ctl_reply *reply)
+{
+    return reply ? &reply->result : NULL;
+}
+
+ctl_str ctl_reply_id(const ctl_reply *reply)
+{
+    ctl_str none = {"", 0};
+    return reply ? reply->id : none;
+}
+
+void ctl_reply_destroy(ctl_reply **reply)
+{
+    if (!reply || !*reply)
+        return;
+    reply_free(*reply);
+    *reply = NULL;
+}
+
+void ctl_client_stats_get(ctl_client *client, ctl_client_stats *out)
+{
+    const ctl_pool_counters *pc = ctl_pool_counters_get(client->pool);
+    out->calls = atomic_load_explicit(&client->calls, memory_order_relaxed);
+    out->notifies = atomic_load_explicit(&client->notifies, memory_order_relaxed);
+    out->timeouts = atomic_load_explicit(&client->timeouts, memory_order_relaxed);
+    out->late_replies = atomic_load_explicit(&pc->late_replies, memory_order_relaxed);
+    out->sockets_opened =
+        atomic_load_explicit(&pc->sockets_opened, memory_order_relaxed);
+    out->sockets_retired =
+        atomic_load_explicit(&pc->sockets_retired, memory_order_relaxed);
+    out->sockets_closed =
+        atomic_load_explicit(&pc->sockets_closed, memory_order_relaxed);
+}

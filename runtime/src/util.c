@@ -1,0 +1,88 @@
+/*
+ * util.c - see util_int.h.
+ */
+#include "util_int.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+char *ctl_strndup(const char *s, size_t len)
+{
+    if (len == SIZE_MAX)
+        return NULL;
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return NULL;
+    if (len)
+        memcpy(copy, s, len);
+    copy[len] = '\0';
+    return copy;
+}
+
+char *ctl_vasprintf(const char *fmt, va_list ap)
+{
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    if (n < 0) {
+        va_end(again);
+        return NULL;
+    }
+    char *out = malloc((size_t)n + 1);
+    if (out)
+        vsnprintf(out, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return out;
+}
+
+int64_t ctl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ctl_ms_left(int64_t deadline_ms)
+{
+    int64_t left = deadline_ms - ctl_now_ms();
+    if (left < 0)
+        return 0;
+    if (left > INT_MAX)
+        return INT_MAX;
+    return (int)left;
+}
+
+const char *ctl_show(char *buf, size_t buflen, ctl_str s)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (buflen == 0)
+        return buf;
+    for (size_t i = 0; i < s.len; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        if (i == CTL_SHOW_MAX) {
+            if (o + 4 > buflen)
+                break;
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            if (o + 2 > buflen)
+                break;
+            buf[o++] = (char)c;
+        } else {
+            if (o + 5 > buflen)
+                break;
+            buf[o++] = '\\';
+            buf[o++] = 'x';
+            buf[o++] = hex[c >> 4];
+            buf[o++] = hex[c & 15];
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
