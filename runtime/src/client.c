@@ -412,20 +412,22 @@ int ctl_client_call(ctl_client *client, const char *address, const char *op,
                              !client ? "client" : !address ? "address"
                                                 : !op     ? "op"
                                                           : "reply");
+    if (!args && args_len)
+        return ctl_error_set(err, CTL_INVALID,
+                             "call %s at %s: args is NULL but args_len is %zu",
+                             op, address, args_len);
     ctl_error_clear(err);
     int tmo = resolve_timeout(client, timeout_ms);
     int64_t deadline = ctl_now_ms() + tmo;
     ctl_error local;
+    ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    if (!err)
-        ctl_error_init(&local);
     pending p = {address, NULL, {0}, 0, 0, reply, e};
     int rc = send_request(client, &p, op, args, args_len, deadline, e);
     if (rc == 0)
         collect(client, &p, 1, op, deadline, tmo);
     rc = *reply ? 0 : (e->kind ? (int)e->kind : CTL_TRANSFER);
-    if (!err)
-        ctl_error_fini(&local);
+    ctl_error_fini(&local);
     return rc;
 }
 
@@ -465,9 +467,11 @@ int ctl_client_call_many(ctl_client *client, const char *op,
         ps[i].address = targets[i].address;
         ps[i].reply = &replies[i];
         ps[i].err = &outcomes[i].error;
-        if (!ps[i].address) {
+        if (!ps[i].address || (!targets[i].args && targets[i].args_len)) {
             ctl_error_set(&outcomes[i].error, CTL_INVALID,
-                          "call_many %s: target #%zu has no address", op, i);
+                          "call_many %s: target #%zu %s", op, i,
+                          !ps[i].address ? "has no address"
+                                         : "has NULL args but a length");
             ps[i].done = 1;
             continue;
         }
@@ -510,12 +514,15 @@ int ctl_client_notify(ctl_client *client, const char *address, const char *op,
                              op ? op : "(null op)",
                              address ? address : "(null address)",
                              !client ? "client" : !address ? "address" : "op");
+    if (!args && args_len)
+        return ctl_error_set(err, CTL_INVALID,
+                             "notify %s at %s: args is NULL but args_len is %zu",
+                             op, address, args_len);
     ctl_error_clear(err);
     int64_t deadline = ctl_now_ms() + client->opts.default_timeout_ms;
     ctl_error local;
+    ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    if (!err)
-        ctl_error_init(&local);
     char *data = NULL;
     size_t size = 0;
     int rc;
@@ -531,14 +538,18 @@ int ctl_client_notify(ctl_client *client, const char *address, const char *op,
         atomic_fetch_add_explicit(&client->notifies, 1, memory_order_relaxed);
         ctl_pool_return(client->pool, address, sock);
     }
-    if (!err)
-        ctl_error_fini(&local);
+    ctl_error_fini(&local);
     return rc;
 }
 
 const msgpack_object *ctl_reply_result(const ctl_reply *reply)
 {
     return reply ? &reply->result : NULL;
+}
+
+void *ctl_reply_alloc(ctl_reply *reply, size_t size)
+{
+    return ctl_zone_alloc(&reply->zone, size);
 }
 
 ctl_str ctl_reply_id(const ctl_reply *reply)

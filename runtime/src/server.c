@@ -67,6 +67,7 @@ struct ctl_server {
     pthread_t thread;
     int started;
     int closed;
+    atomic_int stopping; /* set by close before it wakes the thread */
     char endpoint[CTL_ENDPOINT_MAX];
 
     _Atomic uint64_t requests;
@@ -120,14 +121,7 @@ msgpack_packer *ctl_req_packer(ctl_req *req)
 
 void *ctl_req_alloc(ctl_req *req, size_t size)
 {
-    const size_t align = _Alignof(max_align_t);
-    if (size > SIZE_MAX - align)
-        return NULL;
-    char *p = msgpack_zone_malloc_no_align(&req->server->zone, size + align);
-    if (!p)
-        return NULL;
-    uintptr_t u = (uintptr_t)p;
-    return p + ((align - u % align) % align);
+    return ctl_zone_alloc(&req->server->zone, size);
 }
 
 ctl_str ctl_req_op(const ctl_req *req)
@@ -367,9 +361,14 @@ static void *serve(void *arg)
         }
         if (items[1].revents)
             break;
+        /* Requests still queued when close is called are not served:
+         * look at the flag before each one. */
         for (int i = 0; i < BATCH; i++)
-            if (serve_one(s) != 0)
+            if (atomic_load_explicit(&s->stopping, memory_order_acquire) ||
+                serve_one(s) != 0)
                 break;
+        if (atomic_load_explicit(&s->stopping, memory_order_acquire))
+            break;
     }
     return NULL;
 }
@@ -568,6 +567,7 @@ void ctl_server_close(ctl_server *server)
     if (!server || server->closed)
         return;
     server->closed = 1;
+    atomic_store_explicit(&server->stopping, 1, memory_order_release);
     if (server->started) {
         ssize_t w;
         do

@@ -4,6 +4,7 @@
 #include "util_int.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,17 @@ char *ctl_vasprintf(const char *fmt, va_list ap)
         vsnprintf(out, (size_t)n + 1, fmt, again);
     va_end(again);
     return out;
+}
+
+void *ctl_zone_alloc(msgpack_zone *zone, size_t size)
+{
+    const size_t align = _Alignof(max_align_t);
+    if (size > SIZE_MAX - align)
+        return NULL;
+    char *p = msgpack_zone_malloc_no_align(zone, size + align);
+    if (!p)
+        return NULL;
+    return p + (align - (uintptr_t)p % align) % align;
 }
 
 int64_t ctl_now_ms(void)

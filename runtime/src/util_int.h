@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <msgpack.h>
+
 #include "ctlrpc/error.h"
 
 /* A NUL-terminated copy of `len` bytes at `s` (which may hold NULs), or
@@ -18,6 +20,10 @@ char *ctl_strndup(const char *s, size_t len);
 
 /* printf into a new string; NULL when out of memory. */
 char *ctl_vasprintf(const char *fmt, va_list ap) CTL_PRINTF(1, 0);
+
+/* `size` bytes from `zone`, aligned for any type (msgpack_zone_malloc
+ * only aligns to a pointer). NULL when out of memory. */
+void *ctl_zone_alloc(msgpack_zone *zone, size_t size);
 
 /* Milliseconds on the monotonic clock. */
 int64_t ctl_now_ms(void);

@@ -84,7 +84,8 @@ void ctl_client_destroy(ctl_client **client);
  * Request/reply: send [op, id, args] to `address` ("tcp://host:port") and
  * wait up to `timeout_ms` (< 0: the client's default) for the reply with
  * that id. `args`/`args_len` are the packed bytes of one msgpack map (copied;
- * the caller keeps them); NULL/0 sends an empty map.
+ * the caller keeps them); NULL with length 0 sends an empty map;
+ * NULL with a non-zero length is CTL_INVALID.
  *
  * On success returns 0 and stores the reply in *reply (caller owns: free it
  * with ctl_reply_destroy). On failure returns the negative kind, fills `err`
@@ -145,6 +146,11 @@ void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count);
 /* The decoded result (nil for ops without one). Borrowed from the reply:
  * it and every string/bin inside are valid until ctl_reply_destroy. */
 const msgpack_object *ctl_reply_result(const ctl_reply *reply);
+
+/* Memory that lives as long as the reply: typed stubs decode arrays of a
+ * result into it. Aligned for any type; NULL when out of memory. Never
+ * free it; ctl_reply_destroy does. */
+void *ctl_reply_alloc(ctl_reply *reply, size_t size);
 
 /* The request id the reply carried (view into the reply). */
 ctl_str ctl_reply_id(const ctl_reply *reply);

@@ -1,0 +1,592 @@
+/*
+ * test_error.c - error kinds, the ctl_error object, and rebuilding errors
+ * from error maps (error.h, and ctl_error_from_reply of wire_int.h).
+ *
+ * The error-map tests pack maps with the runtime (ctl_wire_pack_error_map)
+ * and also by hand with msgpack-c, so both directions are checked against
+ * PROTOCOL.md rather than against each other only.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "wire_int.h"
+
+#define ADDR "tcp://127.0.0.1:4242"
+#define OP "put_blob"
+
+/* ---- fixture: one error, one buffer and one zone per test --------------- */
+
+typedef struct fx {
+    ctl_error err;
+    tu_buf buf;
+    msgpack_zone zone;
+} fx;
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return -1;
+    ctl_error_init(&f->err);
+    tu_buf_init(&f->buf);
+    msgpack_zone_init(&f->zone, 4096);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    ctl_error_fini(&f->err);
+    tu_buf_fini(&f->buf);
+    msgpack_zone_destroy(&f->zone);
+    free(f);
+    return 0;
+}
+
+/* Unpack the bytes in f->buf into one object. */
+static msgpack_object unpack_buf(fx *f)
+{
+    msgpack_object o;
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack(f->buf.sb.data, f->buf.sb.size, &off,
+                                    &f->zone, &o),
+                     MSGPACK_UNPACK_SUCCESS);
+    assert_int_equal(off, f->buf.sb.size);
+    return o;
+}
+
+static void assert_names_addr_op(const ctl_error *e)
+{
+    assert_non_null(e->msg);
+    if (strstr(e->msg, ADDR) == NULL || strstr(e->msg, OP) == NULL)
+        fail_msg("message does not name address and op: \"%s\"", e->msg);
+}
+
+/* ---- kinds and causes --------------------------------------------------- */
+
+static void test_kind_values_and_names(void **state)
+{
+    (void)state;
+    assert_int_equal(CTL_OK, 0);
+    assert_true(CTL_UNIT_FULL < 0 && CTL_BUSY < 0 && CTL_MISSING < 0 &&
+                CTL_PROTOCOL < 0 && CTL_TRANSFER < 0 && CTL_INVALID < 0);
+    assert_string_equal(ctl_kind_name(CTL_OK), "OK");
+    assert_string_equal(ctl_kind_name(CTL_UNIT_FULL), "UnitFull");
+    assert_string_equal(ctl_kind_name(CTL_BUSY), "Busy");
+    assert_string_equal(ctl_kind_name(CTL_MISSING), "Missing");
+    assert_string_equal(ctl_kind_name(CTL_PROTOCOL), "Protocol");
+    assert_string_equal(ctl_kind_name(CTL_TRANSFER), "Transfer");
+    assert_string_equal(ctl_kind_name(CTL_INVALID), "Invalid");
+    assert_string_equal(ctl_kind_name(1), "Unknown");
+    assert_string_equal(ctl_kind_name(-7), "Unknown");
+    assert_string_equal(ctl_kind_name(-1000000), "Unknown");
+
+    const int kinds[] = {CTL_OK, CTL_UNIT_FULL, CTL_BUSY, CTL_MISSING,
+                         CTL_PROTOCOL, CTL_TRANSFER, CTL_INVALID};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        const char *d = ctl_strerror(kinds[i]);
+        assert_non_null(d);
+        assert_true(strlen(d) > 0);
+        for (size_t j = 0; j < i; j++)
+            assert_string_not_equal(d, ctl_strerror(kinds[j]));
+    }
+    assert_non_null(ctl_strerror(42));
+}
+
+static void test_kind_from_wire(void **state)
+{
+    (void)state;
+    assert_int_equal(ctl_kind_from_wire(ctl_str_c("UnitFull")), CTL_UNIT_FULL);
+    assert_int_equal(ctl_kind_from_wire(ctl_str_c("Busy")), CTL_BUSY);
+    assert_int_equal(ctl_kind_from_wire(ctl_str_c("Missing")), CTL_MISSING);
+    assert_int_equal(ctl_kind_from_wire(ctl_str_c("Protocol")), CTL_PROTOCOL);
+    /* Only the four wire kinds match, exactly. */
+    const char *no[] = {"OK", "Transfer", "Invalid", "Unknown", "", "busy",
+                        "Bus", "Busyy", "UnitFul", " Busy", "Protocol "};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        if (ctl_kind_from_wire(ctl_str_c(no[i])) != CTL_OK)
+            fail_msg("\"%s\" matched a wire kind", no[i]);
+    }
+    ctl_str nul = {"Busy\0x", 6};
+    assert_int_equal(ctl_kind_from_wire(nul), CTL_OK);
+    ctl_str prefix = {"Busy", 3};
+    assert_int_equal(ctl_kind_from_wire(prefix), CTL_OK);
+    ctl_str empty = {NULL, 0};
+    assert_int_equal(ctl_kind_from_wire(empty), CTL_OK);
+}
+
+static void test_cause_names(void **state)
+{
+    (void)state;
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_NONE), "none");
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_REMOTE), "remote");
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_TIMEOUT), "timeout");
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_TRANSPORT), "transport");
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_BAD_REPLY), "bad-reply");
+    assert_string_equal(ctl_cause_name(CTL_CAUSE_NOMEM), "nomem");
+    assert_non_null(ctl_cause_name((ctl_cause)99));
+}
+
+static void test_str_c(void **state)
+{
+    (void)state;
+    ctl_str s = ctl_str_c("abc");
+    assert_int_equal(s.len, 3);
+    assert_memory_equal(s.ptr, "abc", 3);
+    ctl_str n = ctl_str_c(NULL);
+    assert_int_equal(n.len, 0);
+    ctl_str e = ctl_str_c("");
+    assert_int_equal(e.len, 0);
+}
+
+/* ---- the ctl_error object ----------------------------------------------- */
+
+static void test_error_init_is_ok(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(f->err.kind, CTL_OK);
+    assert_int_equal(f->err.cause, CTL_CAUSE_NONE);
+    assert_null(f->err.reason);
+    assert_null(f->err.blobs);
+    assert_int_equal(f->err.blob_count, 0);
+    assert_null(f->err.remote_kind);
+}
+
+static void test_error_set_formats_and_returns_kind(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_error_set(&f->err, CTL_INVALID, "bad %s #%d", "thing", 7),
+                     CTL_INVALID);
+    assert_int_equal(f->err.kind, CTL_INVALID);
+    assert_int_equal(f->err.cause, CTL_CAUSE_NONE);
+    assert_string_equal(f->err.msg, "bad thing #7");
+    /* Refill: the old contents are released (LSan checks the leak). */
+    assert_int_equal(ctl_error_busy(&f->err, "pinned", "unit %s busy", "u1"),
+                     CTL_BUSY);
+    assert_int_equal(ctl_error_set(&f->err, CTL_UNIT_FULL, "full"), CTL_UNIT_FULL);
+    assert_int_equal(f->err.kind, CTL_UNIT_FULL);
+    assert_string_equal(f->err.msg, "full");
+    assert_null(f->err.reason); /* the Busy reason did not survive */
+    /* A NULL error is allowed and the kind still comes back. */
+    assert_int_equal(ctl_error_set(NULL, CTL_TRANSFER, "x"), CTL_TRANSFER);
+    assert_int_equal(ctl_error_transfer(NULL, CTL_CAUSE_TIMEOUT, "x"), CTL_TRANSFER);
+    assert_int_equal(ctl_error_busy(NULL, "r", "x"), CTL_BUSY);
+    assert_int_equal(ctl_error_missing(NULL, NULL, 0, "x"), CTL_MISSING);
+}
+
+static void test_error_long_message(void **state)
+{
+    fx *f = *state;
+    char big[5000];
+    memset(big, 'm', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ctl_error_set(&f->err, CTL_INVALID, "<%s>", big);
+    assert_int_equal(strlen(f->err.msg), sizeof big + 1);
+}
+
+static void test_error_transfer_cause(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_error_transfer(&f->err, CTL_CAUSE_TIMEOUT, "after %d ms", 5),
+                     CTL_TRANSFER);
+    assert_int_equal(f->err.kind, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
+    assert_string_equal(f->err.msg, "after 5 ms");
+    /* A later non-transfer fill resets the cause. */
+    ctl_error_set(&f->err, CTL_INVALID, "x");
+    assert_int_equal(f->err.cause, CTL_CAUSE_NONE);
+}
+
+static void test_error_busy_reason(void **state)
+{
+    fx *f = *state;
+    char reason[16] = "draining";
+    ctl_error_busy(&f->err, reason, "busy");
+    strcpy(reason, "XXXX"); /* copied, not borrowed */
+    assert_int_equal(f->err.kind, CTL_BUSY);
+    assert_string_equal(f->err.reason, "draining");
+    ctl_error_busy(&f->err, NULL, "busy without reason");
+    assert_int_equal(f->err.kind, CTL_BUSY);
+    assert_null(f->err.reason);
+}
+
+static void test_error_missing_blobs_copied(void **state)
+{
+    fx *f = *state;
+    char b0[] = "blob-0";
+    char b1[] = {'a', '\0', 'b'};
+    ctl_str ids[3] = {{b0, 6}, {b1, 3}, {"", 0}};
+    assert_int_equal(ctl_error_missing(&f->err, ids, 3, "%d lost", 3), CTL_MISSING);
+    memset(b0, 'X', 6);
+    memset(b1, 'X', 3);
+    assert_int_equal(f->err.kind, CTL_MISSING);
+    assert_int_equal(f->err.blob_count, 3);
+    assert_int_equal(f->err.blobs[0].len, 6);
+    assert_memory_equal(f->err.blobs[0].ptr, "blob-0", 6);
+    assert_int_equal(f->err.blobs[0].ptr[6], '\0');
+    assert_int_equal(f->err.blobs[1].len, 3);
+    assert_memory_equal(f->err.blobs[1].ptr, "a\0b", 3);
+    assert_int_equal(f->err.blobs[1].ptr[3], '\0');
+    assert_int_equal(f->err.blobs[2].len, 0);
+    assert_non_null(f->err.blobs[2].ptr);
+    assert_int_equal(f->err.blobs[2].ptr[0], '\0');
+    assert_string_equal(f->err.msg, "3 lost");
+}
+
+static void test_error_copy_is_deep(void **state)
+{
+    fx *f = *state;
+    ctl_error dst, src;
+    ctl_str ids[2] = {{"x1", 2}, {"y22", 3}};
+    ctl_error_init(&dst);
+    ctl_error_init(&src);
+    ctl_error_set(&dst, CTL_INVALID, "old contents, released by copy");
+    ctl_error_missing(&src, ids, 2, "missing two");
+    assert_int_equal(ctl_error_copy(&dst, &src), 0);
+    ctl_error_fini(&src);
+    assert_int_equal(dst.kind, CTL_MISSING);
+    assert_string_equal(dst.msg, "missing two");
+    assert_int_equal(dst.blob_count, 2);
+    assert_memory_equal(dst.blobs[1].ptr, "y22", 3);
+
+    ctl_error_init(&src);
+    ctl_error_busy(&src, "pinned", "b");
+    assert_int_equal(ctl_error_copy(&dst, &src), 0);
+    ctl_error_fini(&src);
+    assert_int_equal(dst.kind, CTL_BUSY);
+    assert_string_equal(dst.reason, "pinned");
+    assert_int_equal(dst.blob_count, 0);
+
+    /* A remote error (with remote_kind) copies too. */
+    ctl_error_init(&src);
+    msgpack_packer *pk = &f->buf.pk;
+    msgpack_pack_map(pk, 4);
+    tu_pk_str(pk, "kind");
+    tu_pk_str(pk, "Weird");
+    tu_pk_str(pk, "msg");
+    tu_pk_str(pk, "odd");
+    tu_pk_str(pk, "reason");
+    msgpack_pack_nil(pk);
+    tu_pk_str(pk, "blobs");
+    msgpack_pack_nil(pk);
+    msgpack_object body = unpack_buf(f);
+    ctl_error_from_reply(&src, ADDR, OP, &body);
+    assert_int_equal(ctl_error_copy(&dst, &src), 0);
+    ctl_error_fini(&src);
+    assert_int_equal(dst.kind, CTL_TRANSFER);
+    assert_int_equal(dst.cause, CTL_CAUSE_REMOTE);
+    assert_string_equal(dst.remote_kind, "Weird");
+
+    ctl_error_fini(&dst);
+}
+
+static void test_error_clear_and_fini(void **state)
+{
+    fx *f = *state;
+    ctl_str ids[1] = {{"z", 1}};
+    ctl_error_missing(&f->err, ids, 1, "m");
+    ctl_error_clear(&f->err);
+    assert_int_equal(f->err.kind, CTL_OK);
+    assert_null(f->err.blobs);
+    assert_int_equal(f->err.blob_count, 0);
+    ctl_error_busy(&f->err, "r", "b");
+    ctl_error_fini(&f->err);
+    assert_int_equal(f->err.kind, CTL_OK);
+    assert_null(f->err.reason);
+    ctl_error_fini(&f->err); /* twice is fine */
+    ctl_error_fini(NULL);
+}
+
+/* ---- error maps: pack, decode, rebuild ----------------------------------- */
+
+static void test_error_map_roundtrip_unit_full(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_UNIT_FULL,
+                                             "no room for 12 bytes", NULL, NULL, 0),
+                     0);
+    msgpack_object body = unpack_buf(f);
+    /* Exactly the four keys of PROTOCOL.md. */
+    assert_int_equal(body.type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(body.via.map.size, 4);
+    assert_true(tu_obj_is_str(tu_obj_get(&body, "kind"), "UnitFull"));
+    assert_true(tu_obj_is_str(tu_obj_get(&body, "msg"), "no room for 12 bytes"));
+    assert_int_equal(tu_obj_get(&body, "reason")->type, MSGPACK_OBJECT_NIL);
+    assert_int_equal(tu_obj_get(&body, "blobs")->type, MSGPACK_OBJECT_NIL);
+
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_UNIT_FULL);
+    assert_int_equal(f->err.kind, CTL_UNIT_FULL);
+    assert_int_equal(f->err.cause, CTL_CAUSE_NONE);
+    assert_names_addr_op(&f->err);
+    assert_non_null(strstr(f->err.msg, "no room for 12 bytes"));
+}
+
+static void test_error_map_roundtrip_busy(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_BUSY, "try later",
+                                             "pinned", NULL, 0),
+                     0);
+    msgpack_object body = unpack_buf(f);
+    assert_int_equal(body.via.map.size, 4);
+    assert_true(tu_obj_is_str(tu_obj_get(&body, "kind"), "Busy"));
+    assert_true(tu_obj_is_str(tu_obj_get(&body, "reason"), "pinned"));
+    assert_int_equal(tu_obj_get(&body, "blobs")->type, MSGPACK_OBJECT_NIL);
+
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_BUSY);
+    assert_int_equal(f->err.kind, CTL_BUSY);
+    assert_string_equal(f->err.reason, "pinned");
+    assert_names_addr_op(&f->err);
+    assert_non_null(strstr(f->err.msg, "try later"));
+}
+
+static void test_error_map_roundtrip_missing(void **state)
+{
+    fx *f = *state;
+    ctl_str ids[3] = {{"b-1", 3}, {"b\0-2", 4}, {"", 0}};
+    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_MISSING, "gone",
+                                             NULL, ids, 3),
+                     0);
+    msgpack_object body = unpack_buf(f);
+    const msgpack_object *blobs = tu_obj_get(&body, "blobs");
+    assert_non_null(blobs);
+    assert_int_equal(blobs->type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(blobs->via.array.size, 3);
+    assert_int_equal(tu_obj_get(&body, "reason")->type, MSGPACK_OBJECT_NIL);
+
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_MISSING);
+    assert_int_equal(f->err.blob_count, 3);
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(f->err.blobs[i].len, ids[i].len);
+        assert_memory_equal(f->err.blobs[i].ptr, ids[i].ptr, ids[i].len);
+    }
+    assert_null(f->err.reason);
+    assert_names_addr_op(&f->err);
+}
+
+static void test_error_map_missing_empty_list(void **state)
+{
+    fx *f = *state;
+    msgpack_packer *pk = &f->buf.pk;
+    msgpack_pack_map(pk, 4);
+    tu_pk_str(pk, "kind");
+    tu_pk_str(pk, "Missing");
+    tu_pk_str(pk, "msg");
+    tu_pk_str(pk, "none listed");
+    tu_pk_str(pk, "reason");
+    msgpack_pack_nil(pk);
+    tu_pk_str(pk, "blobs");
+    msgpack_pack_array(pk, 0);
+    msgpack_object body = unpack_buf(f);
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_MISSING);
+    assert_int_equal(f->err.blob_count, 0);
+}
+
+static void test_error_map_roundtrip_protocol(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_PROTOCOL,
+                                             "missing argument 'key'", NULL, NULL, 0),
+                     0);
+    msgpack_object body = unpack_buf(f);
+    assert_true(tu_obj_is_str(tu_obj_get(&body, "kind"), "Protocol"));
+
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+    assert_int_equal(f->err.kind, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+    assert_non_null(f->err.remote_kind);
+    assert_string_equal(f->err.remote_kind, "Protocol");
+    assert_names_addr_op(&f->err);
+    assert_non_null(strstr(f->err.msg, "missing argument 'key'"));
+}
+
+/* Maps written by hand, in another key order, as a foreign peer might. */
+static void test_error_map_foreign_key_order(void **state)
+{
+    fx *f = *state;
+    msgpack_packer *pk = &f->buf.pk;
+    msgpack_pack_map(pk, 4);
+    tu_pk_str(pk, "blobs");
+    msgpack_pack_nil(pk);
+    tu_pk_str(pk, "reason");
+    tu_pk_str(pk, "draining");
+    tu_pk_str(pk, "msg");
+    tu_pk_str(pk, "shutting down");
+    tu_pk_str(pk, "kind");
+    tu_pk_str(pk, "Busy");
+    msgpack_object body = unpack_buf(f);
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_BUSY);
+    assert_string_equal(f->err.reason, "draining");
+}
+
+static void test_error_map_unknown_kind(void **state)
+{
+    fx *f = *state;
+    msgpack_packer *pk = &f->buf.pk;
+    msgpack_pack_map(pk, 4);
+    tu_pk_str(pk, "kind");
+    tu_pk_str(pk, "Exploded");
+    tu_pk_str(pk, "msg");
+    tu_pk_str(pk, "the unit exploded");
+    tu_pk_str(pk, "reason");
+    msgpack_pack_nil(pk);
+    tu_pk_str(pk, "blobs");
+    msgpack_pack_nil(pk);
+    msgpack_object body = unpack_buf(f);
+    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+    assert_string_equal(f->err.remote_kind, "Exploded");
+    assert_names_addr_op(&f->err);
+}
+
+/* Kinds that exist locally but never cross the wire are unknown there. */
+static void test_error_map_local_kind_names_are_unknown(void **state)
+{
+    fx *f = *state;
+    const char *names[] = {"Transfer", "Invalid", "OK"};
+    for (size_t i = 0; i < 3; i++) {
+        tu_buf_reset(&f->buf);
+        msgpack_packer *pk = &f->buf.pk;
+        msgpack_pack_map(pk, 4);
+        tu_pk_str(pk, "kind");
+        tu_pk_str(pk, names[i]);
+        tu_pk_str(pk, "msg");
+        tu_pk_str(pk, "m");
+        tu_pk_str(pk, "reason");
+        msgpack_pack_nil(pk);
+        tu_pk_str(pk, "blobs");
+        msgpack_pack_nil(pk);
+        msgpack_object body = unpack_buf(f);
+        assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+        assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+        assert_string_equal(f->err.remote_kind, names[i]);
+    }
+}
+
+/* Each malformed body is built by one case of this switch. */
+enum { BAD_INT, BAD_STR, BAD_NIL, BAD_ARRAY, BAD_EMPTY_MAP, BAD_NO_KIND,
+       BAD_KIND_INT, BAD_KIND_BIN, BAD_BLOBS_STR, BAD_BLOB_INT, BAD_COUNT_ };
+
+static void pack_bad_body(msgpack_packer *pk, int which)
+{
+    switch (which) {
+    case BAD_INT:
+        msgpack_pack_int(pk, 42);
+        break;
+    case BAD_STR:
+        tu_pk_str(pk, "Protocol");
+        break;
+    case BAD_NIL:
+        msgpack_pack_nil(pk);
+        break;
+    case BAD_ARRAY:
+        msgpack_pack_array(pk, 2);
+        tu_pk_str(pk, "kind");
+        tu_pk_str(pk, "Busy");
+        break;
+    case BAD_EMPTY_MAP:
+        msgpack_pack_map(pk, 0);
+        break;
+    case BAD_NO_KIND:
+        msgpack_pack_map(pk, 3);
+        tu_pk_str(pk, "msg");
+        tu_pk_str(pk, "m");
+        tu_pk_str(pk, "reason");
+        msgpack_pack_nil(pk);
+        tu_pk_str(pk, "blobs");
+        msgpack_pack_nil(pk);
+        break;
+    case BAD_KIND_INT:
+    case BAD_KIND_BIN:
+        msgpack_pack_map(pk, 4);
+        tu_pk_str(pk, "kind");
+        if (which == BAD_KIND_INT) {
+            msgpack_pack_int(pk, -2);
+        } else {
+            msgpack_pack_bin(pk, 4);
+            msgpack_pack_bin_body(pk, "Busy", 4);
+        }
+        tu_pk_str(pk, "msg");
+        tu_pk_str(pk, "m");
+        tu_pk_str(pk, "reason");
+        msgpack_pack_nil(pk);
+        tu_pk_str(pk, "blobs");
+        msgpack_pack_nil(pk);
+        break;
+    case BAD_BLOBS_STR:
+    case BAD_BLOB_INT:
+        msgpack_pack_map(pk, 4);
+        tu_pk_str(pk, "kind");
+        tu_pk_str(pk, "Missing");
+        tu_pk_str(pk, "msg");
+        tu_pk_str(pk, "m");
+        tu_pk_str(pk, "reason");
+        msgpack_pack_nil(pk);
+        tu_pk_str(pk, "blobs");
+        if (which == BAD_BLOBS_STR) {
+            tu_pk_str(pk, "b1");
+        } else {
+            msgpack_pack_array(pk, 2);
+            tu_pk_str(pk, "b1");
+            msgpack_pack_int(pk, 2);
+        }
+        break;
+    default:
+        fail();
+    }
+}
+
+static void test_error_map_malformed_is_bad_reply(void **state)
+{
+    fx *f = *state;
+    for (int which = 0; which < BAD_COUNT_; which++) {
+        tu_buf_reset(&f->buf);
+        pack_bad_body(&f->buf.pk, which);
+        msgpack_object body = unpack_buf(f);
+        int rc = ctl_error_from_reply(&f->err, ADDR, OP, &body);
+        if (rc != CTL_TRANSFER || f->err.kind != CTL_TRANSFER ||
+            f->err.cause != CTL_CAUSE_BAD_REPLY)
+            fail_msg("malformed error map #%d gave kind %d cause %d", which,
+                     rc, (int)f->err.cause);
+        assert_names_addr_op(&f->err);
+    }
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kind_values_and_names),
+        cmocka_unit_test(test_kind_from_wire),
+        cmocka_unit_test(test_cause_names),
+        cmocka_unit_test(test_str_c),
+        T(test_error_init_is_ok),
+        T(test_error_set_formats_and_returns_kind),
+        T(test_error_long_message),
+        T(test_error_transfer_cause),
+        T(test_error_busy_reason),
+        T(test_error_missing_blobs_copied),
+        T(test_error_copy_is_deep),
+        T(test_error_clear_and_fini),
+        T(test_error_map_roundtrip_unit_full),
+        T(test_error_map_roundtrip_busy),
+        T(test_error_map_roundtrip_missing),
+        T(test_error_map_missing_empty_list),
+        T(test_error_map_roundtrip_protocol),
+        T(test_error_map_foreign_key_order),
+        T(test_error_map_unknown_kind),
+        T(test_error_map_local_kind_names_are_unknown),
+        T(test_error_map_malformed_is_bad_reply),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
