@@ -24,5 +24,7 @@
 #include "ctlrpc/net.h"
 #include "ctlrpc/server.h"
 #include "ctlrpc/client.h"
+#include "ctlrpc/codec.h"
+#include "ctlrpc/stub.h"
 
 #endif /* CTLRPC_CTLRPC_H */
