@@ -138,6 +138,7 @@ int ctl_stub_call_many(ctl_client *client, const char *op,
             *r = raw[k].reply;
         else
             ctl_reply_destroy(&raw[k].reply);
+        raw[k].reply = NULL; /* moved or freed */
         if (e->kind != CTL_OK)
             failed++;
     }

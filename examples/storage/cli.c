@@ -1,0 +1,694 @@
+/*
+ * cli.c - ctl-storage: call the ops of storage units from a shell.
+ *
+ *   ctl-storage --address ADDR [--address ADDR...] [--timeout T] [--json] CMD ...
+ *
+ * One subcommand per op of idl/storage.idl, each a thin layer over the
+ * generated typed stubs. Output is for people by default and JSON with
+ * --json. Every error prints one line naming the op and the unit, and ends
+ * the program with a status that tells the error kinds apart:
+ *
+ *   0 ok   1 local failure (a file)   2 usage   3 UnitFull   4 Busy
+ *   5 Missing   6 Transfer (protocol error, transport, bad reply)   7 timeout
+ *
+ * With several addresses, `stats` and `list` fan out through call_many and
+ * print one row per unit; the status is that of the first unit (in the
+ * order given) that failed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage.ctl.h"
+
+enum {
+    EXIT_LOCAL = 1,
+    EXIT_USAGE = 2,
+    EXIT_UNIT_FULL = 3,
+    EXIT_BUSY = 4,
+    EXIT_MISSING = 5,
+    EXIT_TRANSFER = 6,
+    EXIT_TIMEOUT = 7,
+};
+
+#define MAX_ADDRESSES 256
+
+typedef struct cli {
+    const char *addresses[MAX_ADDRESSES];
+    size_t n_addresses;
+    int timeout_ms;
+    int json;
+    ctl_client *client;
+} cli;
+
+static const char usage_text[] =
+    "usage: ctl-storage --address ADDR [--address ADDR...] [--timeout T] [--json]\n"
+    "                   COMMAND [ARGS]\n"
+    "\n"
+    "commands (one per op of idl/storage.idl):\n"
+    "  put KEY FILE|- [--pin]   store FILE (- for stdin) under KEY\n"
+    "  get KEY... [-o FILE]     write the blobs, in order, to FILE or stdout\n"
+    "  describe KEY...          size, pinned, spilled of each blob\n"
+    "  pin KEY...               pin blobs\n"
+    "  unpin KEY...             unpin blobs (notify: no reply)\n"
+    "  abort KEY...             drop unpinned blobs (notify: no reply)\n"
+    "  delete KEY...            delete blobs\n"
+    "  list [--prefix P]        keys, sorted (one row per unit with several)\n"
+    "  stats                    counters (one row per unit with several)\n"
+    "\n"
+    "options:\n"
+    "  --address ADDR   a unit's tcp://host:port; repeat for several units\n"
+    "                   (stats and list fan out; other commands take one)\n"
+    "  --timeout T      deadline per call or batch: 2.5 (seconds), 500ms, 3s\n"
+    "                   (default 5s)\n"
+    "  --json           print JSON instead of text\n"
+    "\n"
+    "exit status: 0 ok, 1 local failure, 2 usage, 3 UnitFull, 4 Busy,\n"
+    "5 Missing, 6 Transfer (protocol, transport, bad reply), 7 timeout\n";
+
+static int usage_error(const char *fmt, ...) CTL_PRINTF(1, 2);
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ctl-storage: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(run ctl-storage --help for usage)\n");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+/* The exit status for an error kind. */
+static int status_of(const ctl_error *err)
+{
+    switch (err->kind) {
+    case CTL_OK:
+        return 0;
+    case CTL_UNIT_FULL:
+        return EXIT_UNIT_FULL;
+    case CTL_BUSY:
+        return EXIT_BUSY;
+    case CTL_MISSING:
+        return EXIT_MISSING;
+    case CTL_INVALID:
+        return EXIT_USAGE;
+    case CTL_TRANSFER:
+        return err->cause == CTL_CAUSE_TIMEOUT ? EXIT_TIMEOUT : EXIT_TRANSFER;
+    default:
+        return EXIT_TRANSFER;
+    }
+}
+
+/* A short word for an error, for messages and JSON. */
+static const char *word_of(const ctl_error *err)
+{
+    if (err->kind == CTL_TRANSFER && err->cause == CTL_CAUSE_TIMEOUT)
+        return "Timeout";
+    return ctl_kind_name(err->kind);
+}
+
+/* ---- JSON ------------------------------------------------------------ */
+
+static void json_str(FILE *f, ctl_str s)
+{
+    static const char hex[] = "0123456789abcdef";
+    fputc('"', f);
+    for (size_t i = 0; i < s.len; i++) {
+        unsigned char c = (unsigned char)s.ptr[i];
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\u00%c%c", hex[c >> 4], hex[c & 15]);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_cstr(FILE *f, const char *s)
+{
+    json_str(f, ctl_str_c(s));
+}
+
+static void json_error(FILE *f, const ctl_error *err)
+{
+    fprintf(f, "{\"kind\": ");
+    json_cstr(f, word_of(err));
+    fprintf(f, ", \"msg\": ");
+    json_cstr(f, err->msg);
+    if (err->reason) {
+        fprintf(f, ", \"reason\": ");
+        json_cstr(f, err->reason);
+    }
+    if (err->kind == CTL_MISSING) {
+        fprintf(f, ", \"blobs\": [");
+        for (size_t i = 0; i < err->blob_count; i++) {
+            fprintf(f, "%s", i ? ", " : "");
+            json_str(f, err->blobs[i]);
+        }
+        fprintf(f, "]");
+    }
+    fprintf(f, "}");
+}
+
+static void base64(FILE *f, ctl_str b)
+{
+    static const char tbl[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char *p = (const unsigned char *)b.ptr;
+    size_t i = 0;
+    for (; i + 2 < b.len; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (unsigned)p[i + 1] << 8 | p[i + 2];
+        fputc(tbl[v >> 18], f);
+        fputc(tbl[(v >> 12) & 63], f);
+        fputc(tbl[(v >> 6) & 63], f);
+        fputc(tbl[v & 63], f);
+    }
+    if (i < b.len) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < b.len ? (unsigned)p[i + 1] << 8 : 0);
+        fputc(tbl[v >> 18], f);
+        fputc(tbl[(v >> 12) & 63], f);
+        fputc(i + 1 < b.len ? tbl[(v >> 6) & 63] : '=', f);
+        fputc('=', f);
+    }
+}
+
+/* ---- errors ---------------------------------------------------------- */
+
+/* Report a failed call: one line (or a JSON object) and its status. */
+static int fail(const cli *c, const ctl_error *err)
+{
+    if (c->json) {
+        fprintf(stdout, "{\"error\": ");
+        json_error(stdout, err);
+        fprintf(stdout, "}\n");
+    } else {
+        fprintf(stderr, "ctl-storage: %s: %s", word_of(err), err->msg);
+        if (err->kind == CTL_MISSING) {
+            fprintf(stderr, " [missing:");
+            for (size_t i = 0; i < err->blob_count; i++)
+                fprintf(stderr, " %s", err->blobs[i].ptr);
+            fprintf(stderr, "]");
+        }
+        fprintf(stderr, "\n");
+    }
+    return status_of(err);
+}
+
+static int one_address(const cli *c, const char *cmd)
+{
+    if (c->n_addresses == 1)
+        return 0;
+    return usage_error("%s takes exactly one --address", cmd);
+}
+
+/* The keys named on the command line, as a typed list. */
+static storage_list_str keys_of(char **argv, int argc, ctl_str *buf)
+{
+    for (int i = 0; i < argc; i++)
+        buf[i] = ctl_str_c(argv[i]);
+    return (storage_list_str){buf, (size_t)argc};
+}
+
+/* ---- files ----------------------------------------------------------- */
+
+static int read_all(const char *path, char **data, size_t *len)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ctl-storage: cannot open %s: %s\n", path, strerror(errno));
+        return EXIT_LOCAL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fprintf(stderr, "ctl-storage: out of memory reading %s\n", path);
+            if (f != stdin)
+                fclose(f);
+            return EXIT_LOCAL;
+        }
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger)
+            free(buf);
+        buf = bigger;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (bad) {
+        fprintf(stderr, "ctl-storage: cannot read %s\n", path);
+        free(buf);
+        return EXIT_LOCAL;
+    }
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+/* ---- commands -------------------------------------------------------- */
+
+static int cmd_put(cli *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"pin", no_argument, NULL, 'p'},
+                                         {NULL, 0, NULL, 0}};
+    int pin = 0, o;
+    optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (o != 'p')
+            return EXIT_USAGE;
+        pin = 1;
+    }
+    if (argc - optind != 2)
+        return usage_error("usage: put KEY FILE|- [--pin]");
+    int rc = one_address(c, "put");
+    if (rc)
+        return rc;
+    char *data = NULL;
+    size_t len = 0;
+    if ((rc = read_all(argv[optind + 1], &data, &len)) != 0)
+        return rc;
+    storage_put_args a;
+    storage_put_args_init(&a);
+    a.key = ctl_str_c(argv[optind]);
+    a.data = (ctl_str){data, len};
+    a.pin = pin;
+    uint64_t stored = 0;
+    ctl_error err;
+    ctl_error_init(&err);
+    rc = storage_put(c->client, c->addresses[0], &a, c->timeout_ms, &stored, &err);
+    if (rc != 0)
+        rc = fail(c, &err);
+    else if (c->json) {
+        printf("{\"key\": ");
+        json_str(stdout, a.key);
+        printf(", \"stored\": %" PRIu64 ", \"pinned\": %s}\n", stored, pin ? "true" : "false");
+    } else {
+        printf("stored %" PRIu64 " bytes under '%s'%s\n", stored, argv[optind],
+               pin ? " (pinned)" : "");
+    }
+    free(data);
+    ctl_error_fini(&err);
+    return rc;
+}
+
+static int cmd_get(cli *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"output", required_argument, NULL, 'o'},
+                                         {NULL, 0, NULL, 0}};
+    const char *out = NULL;
+    int o;
+    optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    while ((o = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+        if (o != 'o')
+            return EXIT_USAGE;
+        out = optarg;
+    }
+    if (argc - optind < 1)
+        return usage_error("usage: get KEY... [-o FILE]");
+    int rc = one_address(c, "get");
+    if (rc)
+        return rc;
+    ctl_str *buf = calloc((size_t)(argc - optind), sizeof *buf);
+    if (!buf)
+        return EXIT_LOCAL;
+    storage_get_args a = {keys_of(argv + optind, argc - optind, buf)};
+    storage_list_bin blobs = {NULL, 0};
+    ctl_reply *reply = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    rc = storage_get(c->client, c->addresses[0], &a, c->timeout_ms, &blobs, &reply, &err);
+    if (rc != 0) {
+        rc = fail(c, &err);
+    } else if (c->json && !out) {
+        printf("{\"blobs\": [");
+        for (size_t i = 0; i < blobs.count; i++) {
+            printf("%s{\"key\": ", i ? ", " : "");
+            json_str(stdout, a.keys.items[i]);
+            printf(", \"size\": %zu, \"base64\": \"", blobs.items[i].len);
+            base64(stdout, blobs.items[i]);
+            printf("\"}");
+        }
+        printf("]}\n");
+    } else {
+        FILE *f = out ? fopen(out, "wb") : stdout;
+        size_t total = 0;
+        if (!f) {
+            fprintf(stderr, "ctl-storage: cannot open %s: %s\n", out, strerror(errno));
+            rc = EXIT_LOCAL;
+        } else {
+            for (size_t i = 0; i < blobs.count; i++) {
+                total += blobs.items[i].len;
+                if (fwrite(blobs.items[i].ptr, 1, blobs.items[i].len, f) != blobs.items[i].len)
+                    rc = EXIT_LOCAL;
+            }
+            if ((out ? fclose(f) : fflush(f)) != 0)
+                rc = EXIT_LOCAL;
+            if (rc)
+                fprintf(stderr, "ctl-storage: cannot write %s\n", out ? out : "stdout");
+            else if (out && c->json)
+                printf("{\"written\": %zu, \"file\": \"%s\"}\n", total, out);
+            else if (out)
+                printf("wrote %zu bytes (%zu blobs) to %s\n", total, blobs.count, out);
+        }
+    }
+    ctl_reply_destroy(&reply);
+    ctl_error_fini(&err);
+    free(buf);
+    return rc;
+}
+
+static int cmd_describe(cli *c, int argc, char **argv)
+{
+    if (argc < 2)
+        return usage_error("usage: describe KEY...");
+    int rc = one_address(c, "describe");
+    if (rc)
+        return rc;
+    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
+    if (!buf)
+        return EXIT_LOCAL;
+    storage_describe_args a = {keys_of(argv + 1, argc - 1, buf)};
+    storage_list_BlobInfo infos = {NULL, 0};
+    ctl_reply *reply = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    rc = storage_describe(c->client, c->addresses[0], &a, c->timeout_ms, &infos, &reply, &err);
+    if (rc != 0) {
+        rc = fail(c, &err);
+    } else if (c->json) {
+        printf("[");
+        for (size_t i = 0; i < infos.count; i++) {
+            const storage_BlobInfo *b = &infos.items[i];
+            printf("%s{\"key\": ", i ? ", " : "");
+            json_str(stdout, b->key);
+            printf(", \"size\": %" PRIu64 ", \"pinned\": %s, \"spilled\": %s}", b->size,
+                   b->pinned ? "true" : "false", b->spilled ? "true" : "false");
+        }
+        printf("]\n");
+    } else {
+        printf("%-24s %12s  %-6s  %s\n", "KEY", "SIZE", "PINNED", "SPILLED");
+        for (size_t i = 0; i < infos.count; i++) {
+            const storage_BlobInfo *b = &infos.items[i];
+            printf("%-24.*s %12" PRIu64 "  %-6s  %s\n", (int)b->key.len, b->key.ptr,
+                   b->size, b->pinned ? "yes" : "no", b->spilled ? "yes" : "no");
+        }
+    }
+    ctl_reply_destroy(&reply);
+    ctl_error_fini(&err);
+    free(buf);
+    return rc;
+}
+
+/* pin and delete: keys in, a count out. */
+static int cmd_count(cli *c, int argc, char **argv, const char *cmd)
+{
+    if (argc < 2)
+        return usage_error("usage: %s KEY...", cmd);
+    int rc = one_address(c, cmd);
+    if (rc)
+        return rc;
+    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
+    if (!buf)
+        return EXIT_LOCAL;
+    storage_list_str keys = keys_of(argv + 1, argc - 1, buf);
+    uint64_t n = 0;
+    ctl_error err;
+    ctl_error_init(&err);
+    if (strcmp(cmd, "pin") == 0) {
+        storage_pin_args a = {keys};
+        rc = storage_pin(c->client, c->addresses[0], &a, c->timeout_ms, &n, &err);
+    } else {
+        storage_delete_args a = {keys};
+        rc = storage_delete(c->client, c->addresses[0], &a, c->timeout_ms, &n, &err);
+    }
+    const char *what = strcmp(cmd, "pin") == 0 ? "pinned" : "deleted";
+    if (rc != 0)
+        rc = fail(c, &err);
+    else if (c->json)
+        printf("{\"%s\": %" PRIu64 "}\n", what, n);
+    else
+        printf("%s %" PRIu64 " blob%s\n", what, n, n == 1 ? "" : "s");
+    ctl_error_fini(&err);
+    free(buf);
+    return rc;
+}
+
+/* unpin and abort: notify ops, nothing comes back. */
+static int cmd_notify(cli *c, int argc, char **argv, const char *cmd)
+{
+    if (argc < 2)
+        return usage_error("usage: %s KEY...", cmd);
+    int rc = one_address(c, cmd);
+    if (rc)
+        return rc;
+    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
+    if (!buf)
+        return EXIT_LOCAL;
+    storage_list_str keys = keys_of(argv + 1, argc - 1, buf);
+    ctl_error err;
+    ctl_error_init(&err);
+    if (strcmp(cmd, "unpin") == 0) {
+        storage_unpin_args a = {keys};
+        rc = storage_unpin(c->client, c->addresses[0], &a, &err);
+    } else {
+        storage_abort_args a = {keys};
+        rc = storage_abort(c->client, c->addresses[0], &a, &err);
+    }
+    if (rc != 0)
+        rc = fail(c, &err);
+    else if (c->json)
+        printf("{\"sent\": \"%s\", \"keys\": %zu}\n", cmd, keys.count);
+    else
+        printf("sent %s for %zu key%s (notify: the unit does not reply)\n", cmd,
+               keys.count, keys.count == 1 ? "" : "s");
+    ctl_error_fini(&err);
+    free(buf);
+    return rc;
+}
+
+static int cmd_list(cli *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"prefix", required_argument, NULL, 'p'},
+                                         {NULL, 0, NULL, 0}};
+    storage_list_args a;
+    int o, rc = 0, first_fail = 0;
+    storage_list_args_init(&a);
+    optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (o != 'p')
+            return EXIT_USAGE;
+        a.prefix = ctl_str_c(optarg);
+    }
+    if (optind != argc)
+        return usage_error("list: unexpected argument '%s'", argv[optind]);
+    size_t n = c->n_addresses;
+    storage_list_args *args = calloc(n, sizeof *args);
+    storage_list_outcome *out = calloc(n, sizeof *out);
+    if (!args || !out) {
+        free(args);
+        free(out);
+        return EXIT_LOCAL;
+    }
+    for (size_t i = 0; i < n; i++)
+        args[i] = a;
+    storage_list_many(c->client, c->addresses, args, n, c->timeout_ms, out);
+    if (c->json)
+        printf("[");
+    for (size_t i = 0; i < n; i++) {
+        const storage_list_outcome *u = &out[i];
+        if (u->error.kind != CTL_OK && !first_fail)
+            first_fail = status_of(&u->error);
+        if (c->json) {
+            printf("%s{\"address\": ", i ? ", " : "");
+            json_cstr(stdout, c->addresses[i]);
+            if (u->error.kind != CTL_OK) {
+                printf(", \"error\": ");
+                json_error(stdout, &u->error);
+            } else {
+                printf(", \"keys\": [");
+                for (size_t k = 0; k < u->result.count; k++) {
+                    printf("%s", k ? ", " : "");
+                    json_str(stdout, u->result.items[k]);
+                }
+                printf("]");
+            }
+            printf("}");
+        } else if (n == 1 && u->error.kind == CTL_OK) {
+            for (size_t k = 0; k < u->result.count; k++)
+                printf("%.*s\n", (int)u->result.items[k].len, u->result.items[k].ptr);
+        } else if (u->error.kind != CTL_OK) {
+            if (n > 1)
+                printf("%-28s %s: %s\n", c->addresses[i], word_of(&u->error), u->error.msg);
+            else
+                fail(c, &u->error);
+        } else {
+            printf("%-28s %zu key%s:", c->addresses[i], u->result.count,
+                   u->result.count == 1 ? "" : "s");
+            for (size_t k = 0; k < u->result.count; k++)
+                printf(" %.*s", (int)u->result.items[k].len, u->result.items[k].ptr);
+            printf("\n");
+        }
+    }
+    if (c->json)
+        printf("]\n");
+    storage_list_outcomes_fini(out, n);
+    free(out);
+    free(args);
+    rc = first_fail;
+    return rc;
+}
+
+static int cmd_stats(cli *c, int argc, char **argv)
+{
+    if (argc != 1)
+        return usage_error("stats: unexpected argument '%s'", argv[1]);
+    size_t n = c->n_addresses;
+    storage_stats_outcome *out = calloc(n, sizeof *out);
+    int first_fail = 0;
+    if (!out)
+        return EXIT_LOCAL;
+    storage_stats_many(c->client, c->addresses, n, c->timeout_ms, out);
+    if (c->json)
+        printf("[");
+    else
+        printf("%-28s %8s %12s %12s %7s %8s %9s %8s\n", "UNIT", "BLOBS", "BYTES",
+               "CAPACITY", "PINNED", "SPILLED", "REQUESTS", "DROPPED");
+    for (size_t i = 0; i < n; i++) {
+        const storage_stats_outcome *u = &out[i];
+        const storage_UnitStats *s = &u->result;
+        if (u->error.kind != CTL_OK && !first_fail)
+            first_fail = status_of(&u->error);
+        if (c->json) {
+            printf("%s{\"address\": ", i ? ", " : "");
+            json_cstr(stdout, c->addresses[i]);
+            if (u->error.kind != CTL_OK) {
+                printf(", \"error\": ");
+                json_error(stdout, &u->error);
+            } else {
+                printf(", \"blobs\": %" PRIu64 ", \"bytes\": %" PRIu64
+                       ", \"capacity\": %" PRIu64 ", \"pinned\": %" PRIu64
+                       ", \"spilled\": %" PRIu64 ", \"requests\": %" PRIu64
+                       ", \"dropped\": %" PRIu64,
+                       s->blobs, s->bytes, s->capacity, s->pinned, s->spilled,
+                       s->requests, s->dropped);
+            }
+            printf("}");
+        } else if (u->error.kind != CTL_OK) {
+            printf("%-28s %s: %s\n", c->addresses[i], word_of(&u->error), u->error.msg);
+        } else {
+            printf("%-28s %8" PRIu64 " %12" PRIu64 " %12" PRIu64 " %7" PRIu64 " %8" PRIu64
+                   " %9" PRIu64 " %8" PRIu64 "\n",
+                   c->addresses[i], s->blobs, s->bytes, s->capacity, s->pinned,
+                   s->spilled, s->requests, s->dropped);
+        }
+    }
+    if (c->json)
+        printf("]\n");
+    storage_stats_outcomes_fini(out, n);
+    free(out);
+    return first_fail;
+}
+
+/* "2.5" (seconds), "500ms", "3s" -> milliseconds; -1 when malformed. */
+static int parse_timeout(const char *text)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || v < 0)
+        return -1;
+    double ms;
+    if (strcmp(end, "ms") == 0)
+        ms = v;
+    else if (strcmp(end, "s") == 0 || *end == '\0')
+        ms = v * 1000.0;
+    else
+        return -1;
+    return ms > 86400000.0 ? -1 : (int)(ms + 0.5);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"address", required_argument, NULL, 'a'},
+        {"timeout", required_argument, NULL, 't'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    cli c = {{NULL}, 0, 5000, 0, NULL};
+    int o;
+    /* '+': stop at the command; its own options are parsed after it. */
+    while ((o = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'a':
+            if (c.n_addresses == MAX_ADDRESSES)
+                return usage_error("at most %d addresses", MAX_ADDRESSES);
+            c.addresses[c.n_addresses++] = optarg;
+            break;
+        case 't':
+            c.timeout_ms = parse_timeout(optarg);
+            if (c.timeout_ms < 0)
+                return usage_error("--timeout '%s' is not a duration (2.5, 500ms, 3s)", optarg);
+            break;
+        case 'j':
+            c.json = 1;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            return 0;
+        default:
+            fputs(usage_text, stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind >= argc)
+        return usage_error("no command given");
+    if (c.n_addresses == 0)
+        return usage_error("no --address given");
+
+    ctl_error err;
+    ctl_error_init(&err);
+    if (ctl_client_new(NULL, &c.client, &err) != 0) {
+        int rc = fail(&c, &err);
+        ctl_error_fini(&err);
+        return rc;
+    }
+    const char *cmd = argv[optind];
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    int rc;
+    if (strcmp(cmd, "put") == 0)
+        rc = cmd_put(&c, sub_argc, sub_argv);
+    else if (strcmp(cmd, "get") == 0)
+        rc = cmd_get(&c, sub_argc, sub_argv);
+    else if (strcmp(cmd, "describe") == 0)
+        rc = cmd_describe(&c, sub_argc, sub_argv);
+    else if (strcmp(cmd, "pin") == 0 || strcmp(cmd, "delete") == 0)
+        rc = cmd_count(&c, sub_argc, sub_argv, cmd);
+    else if (strcmp(cmd, "unpin") == 0 || strcmp(cmd, "abort") == 0)
+        rc = cmd_notify(&c, sub_argc, sub_argv, cmd);
+    else if (strcmp(cmd, "list") == 0)
+        rc = cmd_list(&c, sub_argc, sub_argv);
+    else if (strcmp(cmd, "stats") == 0)
+        rc = cmd_stats(&c, sub_argc, sub_argv);
+    else
+        rc = usage_error("unknown command '%s'", cmd);
+    ctl_client_destroy(&c.client);
+    ctl_error_fini(&err);
+    return rc;
+}

@@ -1,0 +1,384 @@
+/*
+ * store.c - see store.h.
+ *
+ * Blobs sit in a chained hash table (FNV-1a over the key bytes) that doubles
+ * when it gets as full as it has buckets. Spill files live in a directory
+ * the store opens once; all file operations go through that directory's
+ * descriptor (openat/unlinkat) with names the store makes up, so nothing a
+ * client sends ever becomes part of a path.
+ */
+#define _GNU_SOURCE
+#include "store.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct node {
+    struct node *next;
+    uint64_t hash;
+    store_blob blob;
+} node;
+
+struct store {
+    node **buckets;
+    size_t nbuckets;
+    size_t count;
+    uint64_t capacity;
+    uint64_t bytes; /* in memory */
+    uint64_t pinned;
+    uint64_t spilled;
+    int spill_fd; /* -1: no spilling */
+    char *spill_dir;
+    uint64_t next_spill;
+    uint64_t pass;
+};
+
+static uint64_t hash_key(ctl_str k)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < k.len; i++)
+        h = (h ^ (unsigned char)k.ptr[i]) * 1099511628211ull;
+    return h;
+}
+
+int store_new(uint64_t capacity, const char *spill_dir, store **out,
+              ctl_error *err)
+{
+    *out = NULL;
+    store *s = calloc(1, sizeof *s);
+    if (!s)
+        return ctl_error_set(err, CTL_INVALID, "store: out of memory");
+    s->nbuckets = 64;
+    s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
+    s->capacity = capacity;
+    s->spill_fd = -1;
+    if (!s->buckets) {
+        free(s);
+        return ctl_error_set(err, CTL_INVALID, "store: out of memory");
+    }
+    if (spill_dir) {
+        if (mkdir(spill_dir, 0700) != 0 && errno != EEXIST) {
+            int e = errno;
+            store_destroy(&s);
+            return ctl_error_set(err, CTL_INVALID,
+                                 "spill directory %s: cannot create it: %s",
+                                 spill_dir, strerror(e));
+        }
+        s->spill_fd = open(spill_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        s->spill_dir = strdup(spill_dir);
+        if (s->spill_fd < 0 || !s->spill_dir) {
+            int e = errno;
+            store_destroy(&s);
+            return ctl_error_set(err, CTL_INVALID,
+                                 "spill directory %s: cannot open it: %s",
+                                 spill_dir, strerror(e));
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+static void spill_name(uint64_t id, char buf[40])
+{
+    snprintf(buf, 40, "blob-%020llu", (unsigned long long)id);
+}
+
+/* Release a blob's bytes (memory or spill file) and its counters. */
+static void drop_data(store *s, store_blob *b)
+{
+    if (b->spilled) {
+        char name[40];
+        spill_name(b->spill_id, name);
+        unlinkat(s->spill_fd, name, 0);
+        s->spilled--;
+    } else {
+        s->bytes -= b->size;
+        free(b->data);
+    }
+    b->data = NULL;
+    b->spilled = false;
+}
+
+void store_destroy(store **sp)
+{
+    if (!sp || !*sp)
+        return;
+    store *s = *sp;
+    for (size_t i = 0; i < s->nbuckets && s->buckets; i++) {
+        node *n = s->buckets[i];
+        while (n) {
+            node *next = n->next;
+            drop_data(s, &n->blob);
+            free((char *)n->blob.key.ptr);
+            free(n);
+            n = next;
+        }
+    }
+    if (s->spill_fd >= 0)
+        close(s->spill_fd);
+    free(s->spill_dir);
+    free(s->buckets);
+    free(s);
+    *sp = NULL;
+}
+
+static node **slot(store *s, ctl_str key, uint64_t h)
+{
+    node **p = &s->buckets[h % s->nbuckets];
+    while (*p && !((*p)->hash == h && (*p)->blob.key.len == key.len &&
+                   memcmp((*p)->blob.key.ptr, key.ptr, key.len) == 0))
+        p = &(*p)->next;
+    return p;
+}
+
+store_blob *store_find(store *s, ctl_str key)
+{
+    node *n = *slot(s, key, hash_key(key));
+    return n ? &n->blob : NULL;
+}
+
+static void grow(store *s)
+{
+    size_t nb = s->nbuckets * 2;
+    node **b = calloc(nb, sizeof *b);
+    if (!b)
+        return; /* keep the old table: slower, still correct */
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        node *n = s->buckets[i];
+        while (n) {
+            node *next = n->next;
+            n->next = b[n->hash % nb];
+            b[n->hash % nb] = n;
+            n = next;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = nb;
+}
+
+/* Write `data` to a new spill file; returns its id or sets `err`. */
+static int spill_write(store *s, ctl_str data, uint64_t *id, ctl_error *err)
+{
+    char name[40];
+    uint64_t n = s->next_spill++;
+    spill_name(n, name);
+    int fd = openat(s->spill_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
+                             s->spill_dir, name, strerror(errno));
+    size_t off = 0;
+    while (off < data.len) {
+        ssize_t w = write(fd, data.ptr + off, data.len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlinkat(s->spill_fd, name, 0);
+            return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
+                                 s->spill_dir, name, strerror(e));
+        }
+        off += (size_t)w;
+    }
+    if (close(fd) != 0) {
+        int e = errno;
+        unlinkat(s->spill_fd, name, 0);
+        return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
+                             s->spill_dir, name, strerror(e));
+    }
+    *id = n;
+    return 0;
+}
+
+int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err)
+{
+    uint64_t h = hash_key(key);
+    node **p = slot(s, key, h);
+    node *n = *p;
+    if (n && n->blob.pinned)
+        return ctl_error_busy(err, "pinned", "blob is pinned; unpin it first");
+    /* What memory would hold if this put replaced the old blob in memory. */
+    uint64_t old_mem = n && !n->blob.spilled ? n->blob.size : 0;
+    uint64_t base = s->bytes - old_mem;
+    bool fits = data.len <= s->capacity && base <= s->capacity - data.len;
+    unsigned char *mem = NULL;
+    uint64_t spill_id = 0;
+    if (fits) {
+        mem = malloc(data.len ? data.len : 1);
+        if (!mem)
+            return ctl_error_set(err, CTL_UNIT_FULL,
+                                 "out of memory for %zu bytes", data.len);
+        if (data.len)
+            memcpy(mem, data.ptr, data.len);
+    } else if (s->spill_fd >= 0) {
+        int rc = spill_write(s, data, &spill_id, err);
+        if (rc)
+            return rc;
+    } else {
+        return ctl_error_set(err, CTL_UNIT_FULL,
+                             "%zu bytes do not fit: %llu of %llu bytes in use",
+                             data.len, (unsigned long long)base,
+                             (unsigned long long)s->capacity);
+    }
+    if (!n) {
+        n = calloc(1, sizeof *n);
+        char *k = malloc(key.len ? key.len : 1);
+        if (!n || !k) {
+            free(n);
+            free(k);
+            free(mem);
+            if (!fits) {
+                char name[40];
+                spill_name(spill_id, name);
+                unlinkat(s->spill_fd, name, 0);
+            }
+            return ctl_error_set(err, CTL_UNIT_FULL, "out of memory for a key");
+        }
+        memcpy(k, key.ptr, key.len);
+        n->blob.key = (ctl_str){k, key.len};
+        n->hash = h;
+        n->next = NULL;
+        *p = n;
+        s->count++;
+    } else {
+        drop_data(s, &n->blob);
+    }
+    n->blob.size = data.len;
+    n->blob.data = mem;
+    n->blob.spilled = !fits;
+    n->blob.spill_id = spill_id;
+    if (fits)
+        s->bytes += data.len;
+    else
+        s->spilled++;
+    if (pin)
+        store_set_pinned(s, &n->blob, true);
+    if (s->count > s->nbuckets)
+        grow(s);
+    return 0;
+}
+
+int store_read_spilled(store *s, const store_blob *b, void *buf, ctl_error *err)
+{
+    char name[40];
+    spill_name(b->spill_id, name);
+    int fd = openat(s->spill_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
+                             s->spill_dir, name, strerror(errno));
+    size_t off = 0;
+    while (off < b->size) {
+        ssize_t r = read(fd, (char *)buf + off, b->size - off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r == 0 ? EIO : errno;
+            close(fd);
+            return ctl_error_set(err, CTL_PROTOCOL,
+                                 "spill file %s/%s: %s", s->spill_dir, name,
+                                 r == 0 ? "shorter than its blob" : strerror(e));
+        }
+        off += (size_t)r;
+    }
+    close(fd);
+    return 0;
+}
+
+void store_set_pinned(store *s, store_blob *b, bool pinned)
+{
+    if (b->pinned == pinned)
+        return;
+    b->pinned = pinned;
+    if (pinned)
+        s->pinned++;
+    else
+        s->pinned--;
+}
+
+uint64_t store_new_pass(store *s)
+{
+    return ++s->pass;
+}
+
+bool store_mark(store_blob *b, uint64_t pass)
+{
+    if (b->mark == pass)
+        return false;
+    b->mark = pass;
+    return true;
+}
+
+void store_remove(store *s, ctl_str key)
+{
+    node **p = slot(s, key, hash_key(key));
+    node *n = *p;
+    if (!n)
+        return;
+    *p = n->next;
+    drop_data(s, &n->blob);
+    if (n->blob.pinned)
+        s->pinned--;
+    free((char *)n->blob.key.ptr);
+    free(n);
+    s->count--;
+}
+
+void store_each(store *s, ctl_str prefix, void (*fn)(store_blob *, void *),
+                void *arg)
+{
+    for (size_t i = 0; i < s->nbuckets; i++)
+        for (node *n = s->buckets[i]; n; n = n->next)
+            if (n->blob.key.len >= prefix.len &&
+                (prefix.len == 0 ||
+                 memcmp(n->blob.key.ptr, prefix.ptr, prefix.len) == 0))
+                fn(&n->blob, arg);
+}
+
+void store_totals_get(const store *s, store_totals *out)
+{
+    out->blobs = s->count;
+    out->bytes = s->bytes;
+    out->capacity = s->capacity;
+    out->pinned = s->pinned;
+    out->spilled = s->spilled;
+}
+
+int store_parse_size(const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    if (!text || !isdigit((unsigned char)*text))
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno)
+        return -1;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case '\0':
+        break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    case 'B': break;
+    default:
+        return -1;
+    }
+    if (shift && (*end == 'i' || *end == 'I'))
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0')
+        return -1;
+    if (shift && v > (UINT64_MAX >> shift))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}

@@ -1,0 +1,90 @@
+/*
+ * store.h - the blob store behind one storage unit (STORAGE.md).
+ *
+ * A store maps arbitrary byte-string keys to blobs. Blobs live in memory up
+ * to `capacity` bytes; when a spill directory is set, a blob that does not
+ * fit goes to a file there instead and is still served. Spill files are
+ * named by a counter ("blob-<n>"), never by the key, so no key (say
+ * "../../etc/passwd") can reach outside the directory.
+ *
+ * Semantics (the contract of idl/storage.idl):
+ * - put replaces an unpinned blob of the same key (its old size no longer
+ *   counts); a pinned one makes put fail with Busy "pinned". Spilled blobs
+ *   do not count against the memory capacity.
+ * - pin/unpin mark blobs; a pinned blob may not be overwritten, deleted or
+ *   aborted. abort drops the unpinned blobs it names; delete refuses (Busy)
+ *   when any named blob is pinned and then deletes nothing.
+ * - get/describe/pin name every absent key in their Missing error.
+ *
+ * Threading: none inside; the unit calls it under its server lock.
+ */
+#ifndef CTL_STORAGE_STORE_H
+#define CTL_STORAGE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctlrpc/error.h>
+
+typedef struct store store;
+
+typedef struct store_blob {
+    ctl_str key;       /* owned by the store */
+    size_t size;
+    bool pinned;
+    bool spilled;
+    unsigned char *data; /* in memory; NULL when spilled */
+    uint64_t spill_id;   /* the spill file's number when spilled */
+    uint64_t mark;       /* see store_mark */
+} store_blob;
+
+typedef struct store_totals {
+    uint64_t blobs, bytes, capacity, pinned, spilled;
+} store_totals;
+
+/* A store of `capacity` bytes in memory, spilling to `spill_dir` (created
+ * if missing; NULL: no spilling). Returns 0, or CTL_INVALID naming the
+ * directory when it cannot be used. */
+int store_new(uint64_t capacity, const char *spill_dir, store **out,
+              ctl_error *err);
+
+/* Free the store and remove its spill files. Accepts NULL. */
+void store_destroy(store **s);
+
+/* The blob under `key`, or NULL. Borrowed until the next change. */
+store_blob *store_find(store *s, ctl_str key);
+
+/* Store `data` under `key` (copied), pinned if `pin`. Returns 0, CTL_BUSY
+ * (pinned), CTL_UNIT_FULL, or CTL_PROTOCOL (a spill file failed). */
+int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err);
+
+/* Read a spilled blob's bytes into `buf` (blob->size bytes). 0 or
+ * CTL_PROTOCOL naming the failure. */
+int store_read_spilled(store *s, const store_blob *blob, void *buf,
+                       ctl_error *err);
+
+/* Pin or unpin a blob (keeps the store's counters right). */
+void store_set_pinned(store *s, store_blob *blob, bool pinned);
+
+/* Start a new marking pass (returns its number), and mark a blob in it:
+ * store_mark returns true the first time a blob is marked in the pass. Lets
+ * an op count each distinct blob once however often a request names it. */
+uint64_t store_new_pass(store *s);
+bool store_mark(store_blob *blob, uint64_t pass);
+
+/* Remove the blob under `key` if present (pinned or not). */
+void store_remove(store *s, ctl_str key);
+
+/* Call `fn` for every blob whose key starts with `prefix`. */
+void store_each(store *s, ctl_str prefix, void (*fn)(store_blob *, void *),
+                void *arg);
+
+void store_totals_get(const store *s, store_totals *out);
+
+/* Parse a byte count with an optional binary suffix: "1048576", "64K",
+ * "64M", "1G", "2T" (also "64MiB", "64MB": all powers of 1024). Returns 0
+ * or -1. */
+int store_parse_size(const char *text, uint64_t *out);
+
+#endif /* CTL_STORAGE_STORE_H */
