@@ -1,0 +1,134 @@
+"""Command line of ctlrpc-gen: run the stages, print diagnostics, choose the exit status.
+
+    ctlrpc-gen IDL -o OUTDIR     parse, check, render the C files into OUTDIR
+    ctlrpc-gen IDL --check       parse and check only (needs no jinja2, writes nothing)
+
+Exit status:
+    0  success (warnings may have been printed)
+    1  a user-facing problem: errors in the IDL, a bad command line, an unreadable file, a
+       missing jinja2, an unwritable output directory
+    2  a bug in ctlrpc-gen itself: an unexpected exception, reported as an internal error with
+       its traceback, never dressed up as a diagnostic
+
+Diagnostics go to stderr; nothing is printed on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from typing import List, Optional
+
+from .check import check
+from .diag import Diagnostics, FatalError
+from .parser import load_program
+
+PROG = "ctlrpc-gen"
+
+_EPILOG = """\
+exit status: 0 success, 1 errors in the IDL or its use (diagnostics on stderr),
+2 internal error in ctlrpc-gen (please report it). The language is described in docs/IDL.md.
+"""
+
+
+class _Exit(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that returns instead of exiting, and uses status 1 for usage errors (2 is
+    reserved for internal errors)."""
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> None:
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+    def error(self, message: str) -> None:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        raise _Exit(1)
+
+
+def _arguments() -> _ArgumentParser:
+    p = _ArgumentParser(prog=PROG, description="Compile a ctlrpc IDL file into C client stubs "
+                        "and server dispatch tables.", epilog=_EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("idl", metavar="IDL", help="the service's IDL file")
+    p.add_argument("-o", "--out-dir", metavar="OUTDIR",
+                   help="directory for the generated files (required unless --check)")
+    p.add_argument("--check", action="store_true",
+                   help="only parse and check the IDL; write nothing")
+    p.add_argument("--depfile", metavar="FILE",
+                   help="also write a Makefile-style depfile listing every IDL file read "
+                   "(for build systems)")
+    p.add_argument("--display-root", metavar="DIR",
+                   help="show IDL paths in generated files relative to DIR (default: as given, "
+                   "or the file name for an absolute path)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ctlrpc-gen with `argv` (default: sys.argv[1:]); return the exit status."""
+    try:
+        return _run(argv)
+    except _Exit as e:
+        return e.status
+    except FatalError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # a bug in the generator, whatever the input
+        sys.stderr.write(f"{PROG}: internal error: this is a bug in ctlrpc-gen, not in your IDL; "
+                         "please report it with the IDL file and the traceback below\n")
+        traceback.print_exc(file=sys.stderr)
+        return 2
+
+
+def _run(argv: Optional[List[str]]) -> int:
+    parser = _arguments()
+    args = parser.parse_args(argv)
+    if not args.check and args.out_dir is None:
+        parser.error("-o OUTDIR is required (or --check to only check)")
+
+    diags = Diagnostics()
+    program = load_program(args.idl, diags)
+    model = check(program, diags) if program is not None else None
+    sys.stderr.write(diags.render())
+    if model is None:
+        if diags.error_count == 0:
+            raise RuntimeError("no model was built, yet no error was reported")
+        return 1
+    if args.check:
+        return 0
+    return _render(model, args.out_dir, args.display_root, args.depfile)
+
+
+# -- the render stage -------------------------------------------------------------------------
+#
+# ctlrpc_gen/render.py (model -> files through jinja2 templates) is imported only here, lazily,
+# so that --check works without jinja2. Its contract: render(model, out_dir) writes the
+# generated files, writing each only when its content changes, and raises FatalError for
+# problems the user must fix (e.g. an unwritable OUTDIR).
+
+
+def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str]) -> int:
+    module = f"{__package__}.render"
+    try:
+        render = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            sys.stderr.write(f"{PROG}: note: {model.path} checked; the render stage is not "
+                             "written yet, so no files were written\n")
+            return 0
+        if e.name and e.name.split(".")[0] == "jinja2":
+            raise FatalError("rendering needs jinja2: install it (Debian: apt-get install "
+                             "python3-jinja2), or pass --check to only check the IDL")
+        raise
+    render.render(model, out_dir, display_root=display_root, depfile=depfile)
+    return 0

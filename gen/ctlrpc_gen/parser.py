@@ -1,0 +1,477 @@
+"""Parser: tokens -> syntax tree (`ast`), and the loader that follows imports.
+
+Grammar (the full EBNF is in docs/IDL.md):
+
+    file    = { decl } ;
+    decl    = service | import | record | op | notify ;
+    service = "service" IDENT ";" ;
+    import  = "import" STRING ";" ;
+    record  = "record" IDENT "{" { IDENT ":" type [ "=" literal ] ";" } "}" ;
+    op      = ( "op" | "notify" ) IDENT "(" [ arg { "," arg } [ "," ] ] ")"
+              [ "->" type ] [ "raises" IDENT { "," IDENT } ] ";" ;
+    type    = ( "list" "<" type ">" | "map" "<" type "," type ">" | IDENT ) { "?" } ;
+
+Keywords are contextual: `service`, `import`, `record`, `op`, `notify` start a declaration only
+where one can start, so `op: str;` is a field named `op` and `op list()` an op named `list`.
+
+Error recovery: a syntax error abandons the current field (resuming after its `;`, or at the
+record's `}`) or the current declaration (resuming after the next `;` or `}` at its level, or at a
+declaration keyword that starts a line). Every abandoned construct reports exactly one error, so
+all independent mistakes in a file are reported in one run and cascades are rare. A record whose
+name was read is kept even if its body is cut short (marked `incomplete`), so its uses do not turn
+into 'unknown type' errors.
+
+Invariants: the parser consumes at least one token per loop iteration (it always terminates),
+never raises on user input, and nests at most MAX_DEPTH levels of types and literals, so a hostile
+file cannot exhaust the Python stack.
+
+The loader (`load_program`) reads the main file and its imports (paths relative to the importing
+file), each file once even if imported twice, and diagnoses unreadable files, invalid UTF-8 and
+import cycles.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Set, Tuple
+
+from . import ast
+from .diag import Diagnostics, Loc, printable, suggest
+from .lexer import Token, tokenize
+
+DECL_KEYWORDS = ("service", "import", "record", "op", "notify")
+# Words that can never name a type (so `-> raises` reads as a missing result type).
+NOT_TYPES = frozenset(DECL_KEYWORDS + ("raises", "true", "false", "null"))
+MAX_DEPTH = 32
+
+
+class _Bail(Exception):
+    """Abandon the current construct after its error was reported."""
+
+
+class Parser:
+    def __init__(self, tokens: List[Token], path: str, diags: Diagnostics) -> None:
+        self.toks = tokens
+        self.path = path
+        self.diags = diags
+        self.i = 0
+        self.docs_taken: Set[int] = set()
+        self.saw_service = False
+        self.saw_op = False
+
+    # -- token access ------------------------------------------------------------------------
+
+    def peek(self, k: int = 0) -> Token:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def advance(self) -> Token:
+        t = self.toks[self.i]
+        if t.kind != "eof":
+            self.i += 1
+        return t
+
+    def prev(self) -> Optional[Token]:
+        return self.toks[self.i - 1] if self.i > 0 else None
+
+    def at_punct(self, p: str, k: int = 0) -> bool:
+        t = self.peek(k)
+        return t.kind == "punct" and t.value == p
+
+    def at_word(self, w: str) -> bool:
+        t = self.peek()
+        return t.kind == "ident" and t.value == w
+
+    def at_decl_start(self) -> bool:
+        """A declaration keyword first on its line, not used as a field name (`op: str;`)."""
+        t = self.peek()
+        return (t.kind == "ident" and t.value in DECL_KEYWORDS and t.first_on_line
+                and not self.at_punct(":", 1))
+
+    def take_doc(self, t: Token) -> Optional[str]:
+        if t.doc is None:
+            return None
+        self.docs_taken.add(id(t))
+        return t.doc.text
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def fail(self, loc: Loc, message: str) -> "_Bail":
+        """Report (unless a lexical error already explains this spot) and return _Bail to raise."""
+        t, p = self.peek(), self.prev()
+        if not (t.after_bad or t.bad or (p is not None and p.bad)):
+            self.diags.error(loc, message)
+        return _Bail()
+
+    def fail_at(self, t: Token, expected: str) -> "_Bail":
+        return self.fail(t.loc, f"expected {expected}, found {t.describe()}")
+
+    def expect(self, p: str, where: str = "") -> Token:
+        """Consume punctuation `p` or fail. A missing `;` or `}` at the end of a line is reported
+        just after the previous token, where it belongs, like clang does."""
+        if self.at_punct(p):
+            return self.advance()
+        t, prev = self.peek(), self.prev()
+        what = f"'{p}'" + (f" {where}" if where else "")
+        if p in ";}" and prev is not None and t.loc.line > prev.end_line:
+            raise self.fail(Loc(self.path, prev.end_line, prev.end_col), f"expected {what}")
+        raise self.fail_at(t, what)
+
+    def expect_ident(self, what: str) -> Token:
+        t = self.peek()
+        if t.kind == "ident":
+            return self.advance()
+        raise self.fail_at(t, what)
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def skip(self) -> Token:
+        """Advance past a token of a broken construct; its doc comment goes down with it."""
+        self.docs_taken.add(id(self.peek()))
+        return self.advance()
+
+    def sync_decl(self) -> None:
+        """Skip to the end of the broken declaration (see the module docstring)."""
+        depth = 0
+        while self.peek().kind != "eof":
+            if self.at_decl_start():
+                return
+            t = self.skip()
+            if t.kind != "punct":
+                continue
+            if t.value in "{([":
+                depth += 1
+            elif t.value in "})]":
+                depth -= 1
+                if t.value == "}" and depth <= 0:
+                    return
+            elif t.value == ";" and depth <= 0:
+                return
+
+    def sync_field(self) -> None:
+        """Skip to the next field: past a `;`, or up to the record's `}`."""
+        depth = 0
+        while self.peek().kind != "eof" and not self.at_decl_start():
+            if depth == 0 and self.at_punct("}"):
+                return
+            t = self.skip()
+            if t.kind != "punct":
+                continue
+            if t.value in "{([":
+                depth += 1
+            elif t.value in ")]}":
+                depth = max(0, depth - 1)
+            elif t.value == ";" and depth == 0:
+                return
+
+    # -- declarations ------------------------------------------------------------------------
+
+    def parse_file(self) -> ast.File:
+        decls: List[ast.Decl] = []
+        while self.peek().kind != "eof":
+            start = self.i
+            try:
+                decls.append(self.parse_decl())
+            except _Bail:
+                self.sync_decl()
+            except _Partial as p:
+                decls.append(p.node)
+                self.sync_decl()
+            if self.i == start:
+                self.advance()
+        self.warn_stray_docs()
+        return ast.File(self.path, tuple(decls), self.saw_service, self.saw_op)
+
+    def warn_stray_docs(self) -> None:
+        for t in self.toks:
+            if t.doc is not None and id(t) not in self.docs_taken:
+                self.diags.warning(t.doc.loc, "doc comment is not attached to a declaration "
+                                              "(service, record, field, op or argument)")
+
+    def parse_decl(self) -> ast.Decl:
+        t = self.peek()
+        if t.kind == "ident" and t.value in DECL_KEYWORDS:
+            return getattr(self, "parse_" + t.value)()
+        hint = ""
+        if t.kind == "ident":
+            guess = suggest(t.value, DECL_KEYWORDS)
+            hint = f" (did you mean '{guess}'?)" if guess else ""
+        raise self.fail(t.loc, "expected a declaration ('service', 'import', 'record', 'op' "
+                               f"or 'notify'), found {t.describe()}{hint}")
+
+    def parse_service(self) -> ast.Service:
+        kw = self.advance()
+        doc = self.take_doc(kw)
+        self.saw_service = True
+        name = self.expect_ident("service name")
+        self.expect(";", "after service declaration")
+        return ast.Service(kw.loc, name.loc, name.value, doc)
+
+    def parse_import(self) -> ast.Import:
+        kw = self.advance()
+        t = self.peek()
+        if t.kind != "string":
+            raise self.fail_at(t, "a file name in quotes after 'import'")
+        self.advance()
+        self.expect(";", "after import")
+        return ast.Import(kw.loc, t.loc, t.value)
+
+    def parse_record(self) -> ast.Record:
+        kw = self.advance()
+        doc = self.take_doc(kw)
+        name = self.expect_ident("record name")
+        fields: List[ast.Member] = []
+        try:
+            self.expect("{", f"after record name '{name.value}'")
+            incomplete = False
+            while not self.at_punct("}") and self.peek().kind != "eof":
+                if self.at_decl_start():
+                    break
+                try:
+                    fields.append(self.parse_member("field"))
+                    self.expect(";", "after field")
+                except _Bail:
+                    incomplete = True
+                    self.sync_field()
+            self.expect("}", f"to close record '{name.value}'")
+        except _Bail:
+            raise _Partial(ast.Record(kw.loc, name.loc, name.value, tuple(fields), doc,
+                                      incomplete=True))
+        return ast.Record(kw.loc, name.loc, name.value, tuple(fields), doc, incomplete)
+
+    def parse_op(self) -> ast.Op:
+        kw = self.advance()
+        doc = self.take_doc(kw)
+        self.saw_op = True
+        notify = kw.value == "notify"
+        name = self.expect_ident(f"{kw.value} name")
+        self.expect("(", f"after {kw.value} name '{name.value}'")
+        args: List[ast.Member] = []
+        while not self.at_punct(")"):
+            args.append(self.parse_member("argument"))
+            if self.at_punct(","):
+                self.advance()
+                continue
+            if not self.at_punct(")"):
+                raise self.fail_at(self.peek(), "',' or ')' after argument")
+        self.advance()
+        result = None
+        if self.at_punct("->"):
+            self.advance()
+            result = self.parse_type(0, "a result type after '->'")
+        raises: List[ast.ErrorKindRef] = []
+        raises_loc = None
+        if self.at_word("raises"):
+            raises_loc = self.advance().loc
+            while True:
+                k = self.expect_ident("an error kind")
+                raises.append(ast.ErrorKindRef(k.loc, k.value))
+                if not self.at_punct(","):
+                    break
+                self.advance()
+        t = self.peek()
+        if not self.at_punct(";") and t.loc.line == self.prev().end_line:
+            if raises:
+                raise self.fail_at(t, "',' or ';'")
+            raise self.fail_at(t, "'raises' or ';'" if result else "'->', 'raises' or ';'")
+        self.expect(";", f"after {kw.value} declaration")
+        return ast.Op(kw.loc, name.loc, name.value, notify, tuple(args), result, tuple(raises),
+                      raises_loc, doc)
+
+    parse_notify = parse_op
+
+    def parse_member(self, what: str) -> ast.Member:
+        name = self.expect_ident(f"{what} name")
+        doc = self.take_doc(name)
+        self.expect(":", f"after {what} name '{name.value}'")
+        typ = self.parse_type(0, "a type")
+        default = None
+        if self.at_punct("="):
+            self.advance()
+            default = self.parse_literal(0)
+        return ast.Member(name.loc, name.value, typ, default, doc)
+
+    # -- types and literals ------------------------------------------------------------------
+
+    def parse_type(self, depth: int, expected: str) -> ast.TypeExpr:
+        t = self.peek()
+        if depth > MAX_DEPTH:
+            raise self.fail(t.loc, f"type is nested too deeply (more than {MAX_DEPTH} levels)")
+        if t.kind != "ident" or t.value in NOT_TYPES:
+            raise self.fail_at(t, expected)
+        self.advance()
+        node: ast.TypeExpr
+        if t.value == "list" and self.at_punct("<"):
+            self.advance()
+            elem = self.parse_type(depth + 1, "a type")
+            self.expect(">", "to close 'list<'")
+            node = ast.ListType(t.loc, elem)
+        elif t.value == "map" and self.at_punct("<"):
+            self.advance()
+            key = self.parse_type(depth + 1, "a type")
+            if not self.at_punct(","):
+                raise self.fail_at(self.peek(), "',' and a value type (maps are map<str, T>)")
+            self.advance()
+            value = self.parse_type(depth + 1, "a type")
+            self.expect(">", "to close 'map<'")
+            node = ast.MapType(t.loc, key, value)
+        else:
+            node = ast.NamedType(t.loc, t.value)
+        while self.at_punct("?"):
+            node = ast.OptionalType(self.advance().loc, node)
+        return node
+
+    def parse_literal(self, depth: int) -> ast.Literal:
+        t = self.peek()
+        if depth > MAX_DEPTH:
+            raise self.fail(t.loc, f"value is nested too deeply (more than {MAX_DEPTH} levels)")
+        if t.kind == "ident" and t.value in ("true", "false"):
+            self.advance()
+            return ast.Literal(t.loc, "bool", t.value == "true", t.value)
+        if t.kind == "ident" and t.value == "null":
+            self.advance()
+            return ast.Literal(t.loc, "null", None, "null")
+        if t.kind in ("int", "float"):
+            self.advance()
+            return ast.Literal(t.loc, t.kind, t.value, t.text, bad=t.bad)
+        if t.kind == "string":
+            self.advance()
+            return ast.Literal(t.loc, "str", t.value, t.text, bad=t.bad)
+        if self.at_punct("["):
+            return self.parse_container(depth, "[", "]", "list")
+        if self.at_punct("{"):
+            return self.parse_container(depth, "{", "}", "map")
+        hint = ""
+        if t.kind == "ident":
+            guess = suggest(t.value, ("true", "false", "null"))
+            hint = f" (did you mean '{guess}'?)" if guess else ""
+        raise self.fail(t.loc, f"expected a default value, found {t.describe()}{hint}")
+
+    def parse_container(self, depth: int, open_: str, close: str, kind: str) -> ast.Literal:
+        start = self.advance()
+        items: List[object] = []
+        while not self.at_punct(close):
+            item = self.parse_literal(depth + 1)
+            if kind == "map":
+                self.expect(":", "between map key and value")
+                item = (item, self.parse_literal(depth + 1))
+            items.append(item)
+            if self.at_punct(","):
+                self.advance()
+            elif not self.at_punct(close):
+                raise self.fail_at(self.peek(), f"',' or '{close}'")
+        end = self.advance()
+        if kind == "map":
+            text = "{" + ", ".join(f"{k.text}: {v.text}" for k, v in items) + "}"
+        else:
+            text = "[" + ", ".join(i.text for i in items) + "]"
+        span = end.end_col - start.loc.col if end.end_line == start.loc.line else 1
+        loc = Loc(start.loc.path, start.loc.line, start.loc.col, span)
+        return ast.Literal(loc, kind, None, text, tuple(items))
+
+
+class _Partial(Exception):
+    """A declaration cut short by a syntax error, kept for the checker (already reported)."""
+
+    def __init__(self, node: ast.Decl) -> None:
+        super().__init__()
+        self.node = node
+
+
+def parse(text: str, path: str, diags: Diagnostics) -> ast.File:
+    """Parse one file's text. Diagnostics go to `diags`; the tree holds what could be read."""
+    diags.add_source(path, text)
+    return Parser(tokenize(text, path, diags), path, diags).parse_file()
+
+
+# -- loading a program ------------------------------------------------------------------------
+
+
+def load_program(path: str, diags: Diagnostics) -> Optional[ast.Program]:
+    """Read and parse `path` and everything it imports. None if `path` itself cannot be read."""
+    return _Loader(diags).run(path)
+
+
+class _Loader:
+    def __init__(self, diags: Diagnostics) -> None:
+        self.diags = diags
+        self.by_real: Dict[str, ast.File] = {}
+        self.files: List[ast.File] = []
+        self.imports: Dict[str, Tuple[str, ...]] = {}
+        self.failed: Set[str] = set()  # files with an import that could not be read
+        self.stack: List[Tuple[str, str]] = []  # (real, display) of files being loaded
+
+    def run(self, path: str) -> Optional[ast.Program]:
+        main = self.load(path, os.path.realpath(path), None)
+        if main is None:
+            return None
+        return ast.Program(main, tuple(self.files), dict(self.imports), self.incomplete())
+
+    def read(self, display: str, via: Optional[ast.Import]) -> Optional[str]:
+        try:
+            with open(display, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            reason = e.strerror or str(e)
+            if via is None:
+                self.diags.error(Loc(display, 0, 0), f"cannot read file: {reason}")
+            else:
+                self.diags.error(via.loc, f"cannot import '{printable(via.path)}': {reason}")
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            good = data[:e.start].decode("utf-8")
+            line = good.count("\n") + 1
+            col = len(good) - (good.rfind("\n") + 1) + 1
+            self.diags.add_source(display, data.decode("utf-8", "replace"))
+            self.diags.error(Loc(display, line, col),
+                             f"invalid UTF-8 (byte 0x{data[e.start]:02x}); IDL files are UTF-8")
+            return None
+
+    def load(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+        text = self.read(display, via)
+        if text is None:
+            return None
+        tree = parse(text, display, self.diags)
+        self.by_real[real] = tree
+        self.files.append(tree)
+        self.stack.append((real, display))
+        targets: List[str] = []
+        for imp in tree.of(ast.Import):
+            if imp.path is None:
+                self.failed.add(display)
+                continue
+            if not imp.path:
+                self.diags.error(imp.loc, "empty import path")
+                continue
+            t_display = os.path.normpath(os.path.join(os.path.dirname(display), imp.path))
+            t_real = os.path.realpath(os.path.join(os.path.dirname(real), imp.path))
+            reals = [r for r, _ in self.stack]
+            if t_real in reals:
+                cycle = [d for _, d in self.stack[reals.index(t_real):]]
+                chain = " -> ".join(cycle + [cycle[0]])
+                self.diags.error(imp.loc, f"import cycle: {chain}")
+                continue
+            if t_real in self.by_real:
+                target = self.by_real[t_real]
+            else:
+                target = self.load(t_display, t_real, imp)
+            if target is None:
+                self.failed.add(display)
+            elif target.path not in targets:
+                targets.append(target.path)
+        self.stack.pop()
+        self.imports[display] = tuple(targets)
+        return tree
+
+    def incomplete(self) -> frozenset:
+        """Files that see a failed import, directly or through the files they import."""
+        out = set(self.failed)
+        changed = True
+        while changed:
+            changed = False
+            for f, targets in self.imports.items():
+                if f not in out and any(t in out for t in targets):
+                    out.add(f)
+                    changed = True
+        return frozenset(out)

@@ -1,0 +1,289 @@
+"""The render stage: a checked model -> C files, through jinja2 templates.
+
+This is the only module that imports jinja2. It decides two things the model leaves open, both
+as template filters and globals, never by building C in Python:
+
+- C names. Everything a service generates starts with the service name: records become
+  `<service>_<Record>` (the IDL spelling kept, so they cannot collide with the lowercase
+  container types), containers `<service>_list_<T>`, `<service>_map_<T>`, `<service>_opt_<T>`,
+  and each op `<service>_<op>` with `_args`, `_outcome`, `_many`. File-local helpers are static
+  and named `<service>__...` (double underscore).
+- C spellings of values: integer literals with their width (`UINT64_C(5)`), strings escaped for
+  C (octal escapes for anything outside printable ASCII, so a `??` trigraph or a `*/` cannot
+  appear), and doc comments made safe to sit inside `/* */`.
+
+Outputs are deterministic (no timestamps, no absolute paths) and written only when their bytes
+change, so a build that regenerates without a change does not recompile.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Iterable, List, Optional
+
+import jinja2
+
+from . import model as m
+from .diag import FatalError
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+# Bump together with CTL_GEN_ABI in runtime/include/ctlrpc/ctlrpc.h.
+GEN_ABI = 1
+
+_SCALAR_C = {
+    "bool": "bool",
+    "i32": "int32_t",
+    "i64": "int64_t",
+    "u32": "uint32_t",
+    "u64": "uint64_t",
+    "f64": "double",
+    "str": "ctl_str",
+    "bin": "ctl_str",
+}
+
+
+class Renderer:
+    """Holds the model, the display root and the jinja2 environment for one run."""
+
+    def __init__(self, model: m.Model, display_root: Optional[str] = None) -> None:
+        self.model = model
+        self.svc = model.service.name
+        self.display_root = display_root
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+        f = self.env.filters
+        f["ctype"] = self.ctype
+        f["tname"] = self.tname
+        f["decl"] = self.decl
+        f["c_value"] = self.c_value
+        f["c_string"] = c_string
+        f["comment"] = comment_text
+        f["display"] = self.display
+        f["not_default"] = self.not_default
+        g = self.env.globals
+        g["m"] = m
+        g["svc"] = self.svc
+        g["SVC"] = self.svc.upper()
+        g["GEN_ABI"] = GEN_ABI
+        g["isinstance"] = isinstance
+        g["has_views"] = has_views
+
+    # -- names ----------------------------------------------------------------------------
+
+    def tname(self, t: m.Type) -> str:
+        """A type's part of C names: `u64`, `list_str`, `map_opt_u64`, `BlobInfo`."""
+        if isinstance(t, m.Scalar):
+            return t.name
+        if isinstance(t, m.ListOf):
+            return "list_" + self.tname(t.elem)
+        if isinstance(t, m.MapOf):
+            return "map_" + self.tname(t.value)
+        if isinstance(t, m.OptionalOf):
+            return "opt_" + self.tname(t.inner)
+        return t.name
+
+    def ctype(self, t: m.Type) -> str:
+        """The C type that holds a value of `t` (an optional record is a pointer, NULL if
+        absent; other optionals are `{present, value}` structs)."""
+        if isinstance(t, m.Scalar):
+            return _SCALAR_C[t.name]
+        if isinstance(t, m.OptionalOf) and isinstance(t.inner, m.RecordRef):
+            return f"const {self.svc}_{t.inner.name} *"
+        return f"{self.svc}_{self.tname(t)}"
+
+    def decl(self, t: m.Type, name: str) -> str:
+        """`ctype name`, spaced for pointers: `uint64_t size`, `const x_Node *next`."""
+        c = self.ctype(t)
+        return f"{c}{name}" if c.endswith("*") else f"{c} {name}"
+
+    def display(self, path: str) -> str:
+        """An IDL path as shown in generated files: relative to the display root, never
+        absolute."""
+        if self.display_root:
+            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.display_root))
+            if not rel.startswith(".."):
+                return rel.replace(os.sep, "/")
+        if os.path.isabs(path):
+            return os.path.basename(path)
+        return path.replace(os.sep, "/")
+
+    # -- values ---------------------------------------------------------------------------
+
+    def c_value(self, v: m.Value, t: m.Type) -> str:
+        """A C expression of type `ctype(t)` for the default `v`."""
+        if isinstance(t, m.OptionalOf):
+            if v.kind == "null":
+                if isinstance(t.inner, m.RecordRef):
+                    return "NULL"
+                return f"({self.ctype(t)}){{0}}"
+            if isinstance(t.inner, m.RecordRef):
+                raise AssertionError("records have no literal defaults")
+            return f"({self.ctype(t)}){{true, {self.c_value(v, t.inner)}}}"
+        if isinstance(t, (m.ListOf, m.MapOf)):
+            return f"({self.ctype(t)}){{NULL, 0}}"
+        if isinstance(t, m.Scalar):
+            return scalar_literal(v, t.name)
+        raise AssertionError(f"no literal for {t.idl}")
+
+    def not_default(self, expr: str, v: m.Value, t: m.Type) -> str:
+        """A C condition: the member `expr` does not hold the default `v`."""
+        if isinstance(t, m.OptionalOf):
+            if isinstance(t.inner, m.RecordRef):
+                return f"{expr} != NULL"
+            if v.kind == "null":
+                return f"{expr}.present"
+            return f"(!{expr}.present || {self.not_default(expr + '.value', v, t.inner)})"
+        if isinstance(t, (m.ListOf, m.MapOf)):
+            return f"{expr}.count != 0"
+        if t.name in ("str", "bin"):
+            data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
+            if not data:
+                return f"{expr}.len != 0"
+            return (f"({expr}.len != {len(data)} || "
+                    f"memcmp({expr}.ptr, {c_string(data)}, {len(data)}) != 0)")
+        if t.name == "bool":
+            return f"!{expr}" if v.value else f"{expr}"
+        if t.name == "f64":
+            # Compared bit for bit: -0.0 and NaN payloads are sent as given.
+            return f"memcmp(&{expr}, &(double){{{scalar_literal(v, t.name)}}}, sizeof(double)) != 0"
+        return f"{expr} != {scalar_literal(v, t.name)}"
+
+    # -- output ---------------------------------------------------------------------------
+
+    def render(self, out_dir: str, stem: str) -> List[str]:
+        """Render the header and the source into `out_dir`; returns the paths written or
+        already up to date."""
+        model = self.model
+        ctx = dict(
+            model=model,
+            stem=stem,
+            header=f"{stem}.ctl.h",
+            guard=re.sub(r"[^A-Za-z0-9]", "_", f"{stem}_CTL_H").upper(),
+            idl_path=self.display(model.path),
+            containers=[t for t in model.types
+                        if isinstance(t, (m.ListOf, m.MapOf))
+                        or (isinstance(t, m.OptionalOf)
+                            and not isinstance(t.inner, m.RecordRef))],
+            maps=[t for t in model.types if isinstance(t, m.MapOf)],
+            codec_types=[t for t in model.types if not isinstance(t, m.RecordRef)],
+        )
+        paths = []
+        for template, name in (("header.h.j2", f"{stem}.ctl.h"), ("source.c.j2", f"{stem}.ctl.c")):
+            text = self.env.get_template(template).render(**ctx)
+            paths.append(write_if_changed(os.path.join(out_dir, name), text))
+        return paths
+
+
+def has_views(t: Optional[m.Type]) -> bool:
+    """Whether a decoded value of `t` points into the message (strings, bins) or into memory
+    owned by the reply (arrays): then a client must keep the reply while it uses the value."""
+    if t is None:
+        return False
+    if isinstance(t, m.Scalar):
+        return t.name in ("str", "bin")
+    return True
+
+
+def scalar_literal(v: m.Value, name: str) -> str:
+    if name == "bool":
+        return "true" if v.value else "false"
+    if name in ("i32", "i64", "u32", "u64"):
+        n = int(v.value)
+        if name == "i64" and n == -(2 ** 63):
+            return "INT64_MIN"
+        if name == "i32" and n == -(2 ** 31):
+            return "INT32_MIN"
+        macro = {"i32": "INT32_C", "i64": "INT64_C", "u32": "UINT32_C", "u64": "UINT64_C"}[name]
+        return f"{macro}({n})"
+    if name == "f64":
+        text = repr(float(v.value))
+        if "inf" in text or "nan" in text:
+            raise AssertionError("non-finite f64 defaults are rejected by check")
+        if not any(ch in text for ch in ".e"):
+            text += ".0"
+        return text
+    data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
+    return f"(ctl_str){{{c_string(data)}, {len(data)}}}"
+
+
+def c_string(data) -> str:
+    """A C string literal of the bytes `data` (str is UTF-8 encoded). Printable ASCII stays as
+    is, except the characters that could end the literal, start an escape or a trigraph; all
+    else becomes a three-digit octal escape, which never swallows the next character."""
+    if isinstance(data, str):
+        data = data.encode()
+    out = []
+    for b in data:
+        ch = chr(b)
+        if ch in '"\\?':
+            out.append("\\" + ch)
+        elif 0x20 <= b < 0x7F:
+            out.append(ch)
+        else:
+            out.append("\\%03o" % b)
+    return '"' + "".join(out) + '"'
+
+
+def comment_text(text: Optional[str]) -> List[str]:
+    """Doc text as lines safe inside a C block comment (no `*/`, no trigraphs)."""
+    if not text:
+        return []
+    safe = text.replace("*/", "* /").replace("/*", "/ *")
+    while "??" in safe:
+        safe = safe.replace("??", "? ?")
+    return [line.rstrip() for line in safe.splitlines()]
+
+
+def write_if_changed(path: str, text: str) -> str:
+    data = text.encode()
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return path
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise FatalError(f"cannot read {path}: {e.strerror}") from None
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise FatalError(f"cannot write {path}: {e.strerror}") from None
+    return path
+
+
+def write_depfile(depfile: str, outputs: Iterable[str], inputs: Iterable[str]) -> None:
+    """A Makefile-style depfile: every output depends on every IDL file read."""
+    def esc(p: str) -> str:
+        return os.path.abspath(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#")
+
+    # One rule per output, each naming every input. (A rule that makes one output depend
+    # on another would be a dependency cycle to Ninja, which builds both in one edge.)
+    deps = " \\\n  ".join(esc(p) for p in inputs)
+    text = "".join(esc(out) + ": " + deps + "\n" for out in outputs)
+    write_if_changed(depfile, text)
+
+
+def render(model: m.Model, out_dir: str, display_root: Optional[str] = None,
+           depfile: Optional[str] = None) -> List[str]:
+    """Render `model` into `out_dir` (created if missing). Raises FatalError when the
+    directory cannot be made or written."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise FatalError(f"cannot create output directory {out_dir}: {e.strerror}") from None
+    stem = os.path.splitext(os.path.basename(model.path))[0]
+    paths = Renderer(model, display_root).render(out_dir, stem)
+    if depfile:
+        write_depfile(depfile, paths, model.files)
+    return paths
