@@ -1,0 +1,111 @@
+"""The render stage: deterministic, self-describing output, written only when it changes.
+
+Needs jinja2 (Debian: python3-jinja2); skipped without it, because the parse and check tests must
+run anywhere. The C compile and round-trip tests of the generated code are in tests/stubs/.
+"""
+
+import os
+import shutil
+import tempfile
+import time
+import unittest
+
+from support import GOOD, REPO, STORAGE_IDL, run
+
+try:
+    import jinja2  # noqa: F401
+    HAVE_JINJA2 = True
+except ImportError:
+    HAVE_JINJA2 = False
+
+EVERYTHING = os.path.join(GOOD, "everything.idl")
+
+
+@unittest.skipUnless(HAVE_JINJA2, "jinja2 is not installed (Debian: python3-jinja2)")
+class RenderTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ctlrpc-render-")
+        self.addCleanup(shutil.rmtree, self.tmp)
+
+    def gen(self, idl, name, *extra):
+        out = os.path.join(self.tmp, name)
+        status, _, err = run([idl, "-o", out, "--display-root", REPO, *extra])
+        self.assertEqual(status, 0, err)
+        return out
+
+    def read(self, path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    def test_two_runs_give_the_same_bytes(self):
+        for idl in (EVERYTHING, STORAGE_IDL):
+            a = self.gen(idl, "a")
+            b = self.gen(idl, "b")
+            names = sorted(os.listdir(a))
+            self.assertEqual(names, sorted(os.listdir(b)))
+            stem = os.path.splitext(os.path.basename(idl))[0]
+            self.assertEqual(names, [f"{stem}.ctl.c", f"{stem}.ctl.h"])
+            for n in names:
+                self.assertEqual(self.read(os.path.join(a, n)), self.read(os.path.join(b, n)), n)
+            shutil.rmtree(a)
+            shutil.rmtree(b)
+
+    def test_unchanged_output_is_not_rewritten(self):
+        out = self.gen(STORAGE_IDL, "s")
+        header = os.path.join(out, "storage.ctl.h")
+        past = time.time() - 1000
+        os.utime(header, (past, past))
+        self.gen(STORAGE_IDL, "s")
+        self.assertEqual(int(os.stat(header).st_mtime), int(past))
+
+    def test_banner_names_the_idl_and_no_absolute_path_leaks(self):
+        out = self.gen(EVERYTHING, "e")
+        for name in os.listdir(out):
+            text = self.read(os.path.join(out, name)).decode()
+            self.assertIn("generated from tests/gen/good/everything.idl by ctlrpc-gen. Do not edit",
+                          text.splitlines()[1])
+            self.assertNotIn(REPO, text)
+            self.assertNotIn(self.tmp, text)
+
+    def test_each_op_carries_its_declaration_and_doc(self):
+        out = self.gen(STORAGE_IDL, "s")
+        header = self.read(os.path.join(out, "storage.ctl.h")).decode()
+        self.assertIn(" * idl/storage.idl:42  op put(key: str, data: bin, pin: bool = false) "
+                      "-> u64 raises UnitFull, Busy\n", header)
+        self.assertIn(" * Store `data` under `key`", header)
+        self.assertIn("#if CTL_GEN_ABI != 1\n#error", header)
+        # Sections in their fixed order.
+        order = [header.index(s) for s in ("---- types", "---- client stubs",
+                                           "---- server handler table",
+                                           "---- dispatch descriptors")]
+        self.assertEqual(order, sorted(order))
+
+    def test_descriptor_table_is_in_idl_order(self):
+        out = self.gen(STORAGE_IDL, "s")
+        source = self.read(os.path.join(out, "storage.ctl.c")).decode()
+        table = source[source.index("static const ctl_op storage__ops[]"):]
+        table = table[:table.index("};")]
+        names = [line.split('"')[1] for line in table.splitlines() if line.strip().startswith("{\"")]
+        self.assertEqual(names, ["put", "get", "describe", "pin", "unpin", "abort", "delete",
+                                 "list", "stats"])
+        self.assertIn('{"unpin", storage__serve_unpin, CTL_OP_NOREPLY}', table)
+
+    def test_depfile_lists_every_idl_read(self):
+        dep = os.path.join(self.tmp, "e.d")
+        self.gen(EVERYTHING, "e", "--depfile", dep)
+        text = self.read(dep).decode()
+        self.assertIn(os.path.join(GOOD, "everything.idl"), text)
+        self.assertIn(os.path.join(GOOD, "inc", "common.idl"), text)
+
+    def test_unwritable_output_dir_is_a_clean_error(self):
+        blocker = os.path.join(self.tmp, "file")
+        with open(blocker, "w") as f:
+            f.write("x")
+        status, _, err = run([STORAGE_IDL, "-o", os.path.join(blocker, "sub")])
+        self.assertEqual(status, 1)
+        self.assertIn("ctlrpc-gen: error: cannot create output directory", err)
+        self.assertNotIn("Traceback", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
