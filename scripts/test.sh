@@ -20,11 +20,11 @@ run_suite() {
 }
 
 if [ "$mode" = all ] || [ "$mode" = plain ]; then
-  ctlrpc_build "$CTLRPC_ROOT/build"
+  ctlrpc_build "$CTLRPC_ROOT/build" -DCTLRPC_TESTS=ON
   run_suite "$CTLRPC_ROOT/build" "$@"
 fi
 if [ "$mode" = all ] || [ "$mode" = asan ]; then
-  ctlrpc_build "$CTLRPC_ROOT/build-asan" -DCTLRPC_SANITIZE=ON
+  ctlrpc_build "$CTLRPC_ROOT/build-asan" -DCTLRPC_TESTS=ON -DCTLRPC_SANITIZE=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite "$CTLRPC_ROOT/build-asan" "$@"

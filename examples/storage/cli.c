@@ -204,6 +204,14 @@ static int fail(const cli *c, const ctl_error *err)
     return status_of(err);
 }
 
+/* A subcommand's option getopt refused (unknown, or missing its value);
+ * opterr is 0 so this is the only message. */
+static int bad_option(const char *cmd, char **argv)
+{
+    return usage_error("%s: unknown option, or option without its value: '%s'",
+                       cmd, argv[optind - 1]);
+}
+
 static int one_address(const cli *c, const char *cmd)
 {
     if (c->n_addresses == 1)
@@ -267,9 +275,10 @@ static int cmd_put(cli *c, int argc, char **argv)
                                          {NULL, 0, NULL, 0}};
     int pin = 0, o;
     optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    opterr = 0;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o != 'p')
-            return EXIT_USAGE;
+            return bad_option("put", argv);
         pin = 1;
     }
     if (argc - optind != 2)
@@ -312,9 +321,10 @@ static int cmd_get(cli *c, int argc, char **argv)
     const char *out = NULL;
     int o;
     optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    opterr = 0;
     while ((o = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
         if (o != 'o')
-            return EXIT_USAGE;
+            return bad_option("get", argv);
         out = optarg;
     }
     if (argc - optind < 1)
@@ -359,9 +369,11 @@ static int cmd_get(cli *c, int argc, char **argv)
                 rc = EXIT_LOCAL;
             if (rc)
                 fprintf(stderr, "ctl-storage: cannot write %s\n", out ? out : "stdout");
-            else if (out && c->json)
-                printf("{\"written\": %zu, \"file\": \"%s\"}\n", total, out);
-            else if (out)
+            else if (out && c->json) {
+                printf("{\"written\": %zu, \"file\": ", total);
+                json_cstr(stdout, out);
+                printf("}\n");
+            } else if (out)
                 printf("wrote %zu bytes (%zu blobs) to %s\n", total, blobs.count, out);
         }
     }
@@ -488,9 +500,10 @@ static int cmd_list(cli *c, int argc, char **argv)
     int o, rc = 0, first_fail = 0;
     storage_list_args_init(&a);
     optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
+    opterr = 0;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o != 'p')
-            return EXIT_USAGE;
+            return bad_option("list", argv);
         a.prefix = ctl_str_c(optarg);
     }
     if (optind != argc)
@@ -609,7 +622,7 @@ static int parse_timeout(const char *text)
     char *end = NULL;
     errno = 0;
     double v = strtod(text, &end);
-    if (errno || end == text || v < 0)
+    if (errno || end == text || !(v >= 0)) /* also refuses NaN */
         return -1;
     double ms;
     if (strcmp(end, "ms") == 0)

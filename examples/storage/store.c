@@ -167,9 +167,16 @@ static void grow(store *s)
 static int spill_write(store *s, ctl_str data, uint64_t *id, ctl_error *err)
 {
     char name[40];
-    uint64_t n = s->next_spill++;
-    spill_name(n, name);
-    int fd = openat(s->spill_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    uint64_t n;
+    int fd;
+    /* A name already taken is not ours (a unit killed before it could
+     * clean up, or another unit sharing the directory): leave that file
+     * alone and take the next number. */
+    do {
+        n = s->next_spill++;
+        spill_name(n, name);
+        fd = openat(s->spill_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    } while (fd < 0 && errno == EEXIST);
     if (fd < 0)
         return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
                              s->spill_dir, name, strerror(errno));

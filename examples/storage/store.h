@@ -5,7 +5,9 @@
  * to `capacity` bytes; when a spill directory is set, a blob that does not
  * fit goes to a file there instead and is still served. Spill files are
  * named by a counter ("blob-<n>"), never by the key, so no key (say
- * "../../etc/passwd") can reach outside the directory.
+ * "../../etc/passwd") can reach outside the directory. A name that is
+ * already taken (left by a unit that was killed) is skipped, never
+ * overwritten; only the store's own files are removed.
  *
  * Semantics (the contract of idl/storage.idl):
  * - put replaces an unpinned blob of the same key (its old size no longer

@@ -317,6 +317,7 @@ int main(int argc, char **argv)
     ctl_error_init(&err);
     if (store_new(capacity, spill, &u.store, &err) != 0) {
         fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
+        ctl_error_fini(&err);
         return 1;
     }
     storage_handlers h = {

@@ -74,10 +74,20 @@ function(ctlrpc_generate target)
        "${CTLRPC_GEN_DIR}/ctlrpc_gen/*.py"
        "${CTLRPC_GEN_DIR}/ctlrpc_gen/templates/*")
   set(depfile "${ARG_OUT}/${stem}.ctl.d")
+  # ctlrpc-gen rewrites a file only when its text changes. Ninja sees that
+  # (CMake marks custom commands `restat`), so touching an IDL without
+  # changing what it generates recompiles nothing. Make only compares
+  # times: an output left older than its IDL would rerun the generator on
+  # every build, so there the outputs are touched after each run.
+  set(touch_outputs "")
+  if(NOT CMAKE_GENERATOR MATCHES "Ninja")
+    set(touch_outputs COMMAND "${CMAKE_COMMAND}" -E touch_nocreate ${outputs})
+  endif()
   add_custom_command(
     OUTPUT ${outputs}
     COMMAND "${CTLRPC_PYTHON}" "${CTLRPC_GEN_DIR}/ctlrpc-gen" "${idl}"
             -o "${ARG_OUT}" --depfile "${depfile}"
+    ${touch_outputs}
     MAIN_DEPENDENCY "${idl}"
     DEPENDS ${gen_sources}
     DEPFILE "${depfile}"

@@ -29,6 +29,7 @@
 
 #include <zmq.h>
 
+#include "client_int.h"
 #include "pool_int.h"
 #include "util_int.h"
 #include "wire_int.h"
@@ -63,6 +64,7 @@ typedef struct pending {
     int done;
     ctl_reply **reply; /* where the reply goes on success */
     ctl_error *err;    /* where the failure goes */
+    ctl_request *req;  /* the packed request, consumed by send_request */
 } pending;
 
 void ctl_client_options_init(ctl_client_options *opts)
@@ -192,42 +194,62 @@ static int send_until(void *sock, char *data, size_t size, int64_t deadline_ms,
     }
 }
 
-/* Pack [op, id, args] into a fresh buffer for ZeroMQ to own. */
-static int pack_request(const char *op, const char *id, const void *args,
-                        size_t args_len, const char *address, char **data,
-                        size_t *size, ctl_error *err)
+void ctl_request_begin(ctl_request *req, const char *op, bool notify)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    if (ctl_wire_pack_request(&sb, ctl_str_c(op), ctl_str_c(id), args,
-                              args_len) != 0) {
-        msgpack_sbuffer_destroy(&sb);
-        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
-                                  "%s at %s: out of memory packing the "
-                                  "request", op, address);
-    }
-    *size = sb.size;
-    *data = msgpack_sbuffer_release(&sb);
-    return 0;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&req->sb);
+    msgpack_packer_init(&pk, &req->sb, msgpack_sbuffer_write);
+    req->id_len = notify ? 0 : ID_LEN;
+    req->failed = msgpack_pack_array(&pk, 3) || ctl_pack_cstr(&pk, op) ||
+                  msgpack_pack_str(&pk, req->id_len);
+    req->id_off = req->sb.size;
+    /* The id's bytes, filled in when the request is sent. */
+    if (!req->failed && req->id_len)
+        req->failed = msgpack_pack_str_body(&pk, "000000000000", req->id_len) != 0;
 }
 
-/* Lend a socket and send the request of `p`. On failure the socket (if
- * any) is retired and `err` says why. */
-static int send_request(ctl_client *c, pending *p, const char *op,
-                        const void *args, size_t args_len, int64_t deadline_ms,
-                        ctl_error *err)
+void ctl_request_args(ctl_request *req, const void *args, size_t args_len)
 {
-    char *data = NULL;
-    size_t size = 0;
+    static const char empty_map = (char)0x80;
+    if (!args || args_len == 0) {
+        args = &empty_map;
+        args_len = 1;
+    }
+    if (!req->failed)
+        req->failed = msgpack_sbuffer_write(&req->sb, args, args_len) != 0;
+}
+
+void ctl_request_fini(ctl_request *req)
+{
+    msgpack_sbuffer_destroy(&req->sb);
+    msgpack_sbuffer_init(&req->sb);
+}
+
+/* Lend a socket and send the request of `p`, which it consumes. On failure
+ * the socket (if any) is retired and `err` says why. */
+static int send_request(ctl_client *c, pending *p, const char *op,
+                        int64_t deadline_ms, ctl_error *err)
+{
+    ctl_request *req = p->req;
     int rc;
+    p->req = NULL;
+    if (req->failed) {
+        ctl_request_fini(req);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                  "%s at %s: out of memory packing the "
+                                  "request", op, p->address);
+    }
     p->sock = ctl_pool_lend(c->pool, p->address, err);
-    if (!p->sock)
+    if (!p->sock) {
+        ctl_request_fini(req);
         return err ? err->kind : CTL_TRANSFER;
+    }
     new_id(c, p->id);
-    if ((rc = pack_request(op, p->id, args, args_len, p->address, &data, &size,
-                           err)) != 0 ||
-        (rc = send_until(p->sock, data, size, deadline_ms, p->address, op,
-                         err)) != 0) {
+    memcpy(req->sb.data + req->id_off, p->id, req->id_len);
+    size_t size = req->sb.size;
+    rc = send_until(p->sock, msgpack_sbuffer_release(&req->sb), size,
+                    deadline_ms, p->address, op, err);
+    if (rc != 0) {
         ctl_pool_retire(c->pool, p->sock);
         p->sock = NULL;
         return rc;
@@ -399,31 +421,29 @@ static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
         free(which);
 }
 
-int ctl_client_call(ctl_client *client, const char *address, const char *op,
-                    const void *args, size_t args_len, int timeout_ms,
-                    ctl_reply **reply, ctl_error *err)
+int ctl_client_call_req(ctl_client *client, const char *address,
+                        const char *op, ctl_request *req, int timeout_ms,
+                        ctl_reply **reply, ctl_error *err)
 {
     if (reply)
         *reply = NULL;
-    if (!client || !address || !op || !reply)
+    if (!client || !address || !op || !reply) {
+        ctl_request_fini(req);
         return ctl_error_set(err, CTL_INVALID, "call %s at %s: %s is NULL",
                              op ? op : "(null op)",
                              address ? address : "(null address)",
                              !client ? "client" : !address ? "address"
                                                 : !op     ? "op"
                                                           : "reply");
-    if (!args && args_len)
-        return ctl_error_set(err, CTL_INVALID,
-                             "call %s at %s: args is NULL but args_len is %zu",
-                             op, address, args_len);
+    }
     ctl_error_clear(err);
     int tmo = resolve_timeout(client, timeout_ms);
     int64_t deadline = ctl_now_ms() + tmo;
     ctl_error local;
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    pending p = {address, NULL, {0}, 0, 0, reply, e};
-    int rc = send_request(client, &p, op, args, args_len, deadline, e);
+    pending p = {address, NULL, {0}, 0, 0, reply, e, req};
+    int rc = send_request(client, &p, op, deadline, e);
     if (rc == 0)
         collect(client, &p, 1, op, deadline, tmo);
     rc = *reply ? 0 : (e->kind ? (int)e->kind : CTL_TRANSFER);
@@ -431,57 +451,70 @@ int ctl_client_call(ctl_client *client, const char *address, const char *op,
     return rc;
 }
 
-int ctl_client_call_many(ctl_client *client, const char *op,
-                         const ctl_target *targets, size_t count,
-                         int timeout_ms, ctl_outcome *outcomes)
+int ctl_client_call(ctl_client *client, const char *address, const char *op,
+                    const void *args, size_t args_len, int timeout_ms,
+                    ctl_reply **reply, ctl_error *err)
 {
-    if (!outcomes)
-        return CTL_INVALID;
-    for (size_t i = 0; i < count; i++) {
+    ctl_request req;
+    if (!args && args_len) {
+        if (reply)
+            *reply = NULL;
+        return ctl_error_set(err, CTL_INVALID,
+                             "call %s at %s: args is NULL but args_len is %zu",
+                             op ? op : "(null op)",
+                             address ? address : "(null address)", args_len);
+    }
+    ctl_request_begin(&req, op ? op : "", false);
+    ctl_request_args(&req, args, args_len);
+    return ctl_client_call_req(client, address, op, &req, timeout_ms, reply,
+                               err);
+}
+
+int ctl_client_call_many_req(ctl_client *client, const char *op,
+                             const char *const *addresses, ctl_request *reqs,
+                             size_t count, int timeout_ms,
+                             ctl_outcome *outcomes)
+{
+    size_t failed = 0;
+    pending *ps = NULL;
+    ctl_reply **replies = NULL;
+    for (size_t i = 0; i < count && outcomes; i++) {
         outcomes[i].reply = NULL;
         ctl_error_init(&outcomes[i].error);
     }
-    if (!client || !op || (count && !targets)) {
-        for (size_t i = 0; i < count; i++)
+    if (!outcomes || !client || !op || (count && (!addresses || !reqs))) {
+        for (size_t i = 0; i < count && outcomes; i++)
             ctl_error_set(&outcomes[i].error, CTL_INVALID,
                           "call_many %s: %s is NULL", op ? op : "(null op)",
                           !client ? "client" : !op ? "op" : "targets");
-        return CTL_INVALID;
+        failed = count;
+        goto out;
     }
-    if (count == 0)
-        return 0;
     int tmo = resolve_timeout(client, timeout_ms);
     int64_t deadline = ctl_now_ms() + tmo;
-    pending *ps = calloc(count, sizeof *ps);
-    ctl_reply **replies = calloc(count, sizeof *replies);
+    ps = calloc(count ? count : 1, sizeof *ps);
+    replies = calloc(count ? count : 1, sizeof *replies);
     if (!ps || !replies) {
-        free(ps);
-        free(replies);
         for (size_t i = 0; i < count; i++)
             ctl_error_transfer(&outcomes[i].error, CTL_CAUSE_NOMEM,
                                "call_many %s: out of memory", op);
-        return (int)(count > INT32_MAX ? INT32_MAX : count);
+        failed = count;
+        goto out;
     }
     /* Every request goes out before any reply is read. */
     for (size_t i = 0; i < count; i++) {
-        ps[i].address = targets[i].address;
-        ps[i].reply = &replies[i];
-        ps[i].err = &outcomes[i].error;
-        if (!ps[i].address || (!targets[i].args && targets[i].args_len)) {
+        ps[i] = (pending){addresses[i], NULL, {0}, 0, 0, &replies[i],
+                          &outcomes[i].error, &reqs[i]};
+        if (!ps[i].address) {
             ctl_error_set(&outcomes[i].error, CTL_INVALID,
-                          "call_many %s: target #%zu %s", op, i,
-                          !ps[i].address ? "has no address"
-                                         : "has NULL args but a length");
+                          "call_many %s: target #%zu has no address", op, i);
             ps[i].done = 1;
             continue;
         }
-        if (send_request(client, &ps[i], op, targets[i].args,
-                         targets[i].args_len, deadline,
-                         &outcomes[i].error) != 0)
+        if (send_request(client, &ps[i], op, deadline, &outcomes[i].error) != 0)
             ps[i].done = 1;
     }
     collect(client, ps, count, op, deadline, tmo);
-    size_t failed = 0;
     for (size_t i = 0; i < count; i++) {
         outcomes[i].reply = replies[i];
         if (!replies[i]) {
@@ -491,9 +524,57 @@ int ctl_client_call_many(ctl_client *client, const char *op,
                                    "%s at %s: no reply", op, ps[i].address);
         }
     }
+out:
+    for (size_t i = 0; i < count && reqs; i++)
+        ctl_request_fini(&reqs[i]); /* those not sent */
     free(ps);
     free(replies);
+    if (!outcomes || !client || !op || (count && (!addresses || !reqs)))
+        return CTL_INVALID;
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
+}
+
+int ctl_client_call_many(ctl_client *client, const char *op,
+                         const ctl_target *targets, size_t count,
+                         int timeout_ms, ctl_outcome *outcomes)
+{
+    if (!targets && count) {
+        return ctl_client_call_many_req(client, op, NULL, NULL, count,
+                                        timeout_ms, outcomes);
+    }
+    ctl_request *reqs = calloc(count ? count : 1, sizeof *reqs);
+    const char **addresses = calloc(count ? count : 1, sizeof *addresses);
+    if (!reqs || !addresses) {
+        free(reqs);
+        free(addresses);
+        for (size_t i = 0; i < count && outcomes; i++) {
+            outcomes[i].reply = NULL;
+            ctl_error_init(&outcomes[i].error);
+            ctl_error_transfer(&outcomes[i].error, CTL_CAUSE_NOMEM,
+                               "call_many %s: out of memory", op ? op : "");
+        }
+        return outcomes ? (int)(count > INT32_MAX ? INT32_MAX : count)
+                        : CTL_INVALID;
+    }
+    for (size_t i = 0; i < count; i++) {
+        addresses[i] = targets[i].address;
+        ctl_request_begin(&reqs[i], op ? op : "", false);
+        /* NULL args with a length: an unusable target, refused below. */
+        if (!targets[i].args && targets[i].args_len)
+            addresses[i] = NULL;
+        else
+            ctl_request_args(&reqs[i], targets[i].args, targets[i].args_len);
+    }
+    int rc = ctl_client_call_many_req(client, op, addresses, reqs, count,
+                                      timeout_ms, outcomes);
+    for (size_t i = 0; i < count && outcomes && rc >= 0; i++)
+        if (!targets[i].args && targets[i].args_len)
+            ctl_error_set(&outcomes[i].error, CTL_INVALID,
+                          "call_many %s: target #%zu has NULL args but a "
+                          "length", op, i);
+    free(reqs);
+    free(addresses);
+    return rc;
 }
 
 void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count)
@@ -506,40 +587,58 @@ void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count)
     }
 }
 
-int ctl_client_notify(ctl_client *client, const char *address, const char *op,
-                      const void *args, size_t args_len, ctl_error *err)
+int ctl_client_notify_req(ctl_client *client, const char *address,
+                          const char *op, ctl_request *req, ctl_error *err)
 {
-    if (!client || !address || !op)
+    if (!client || !address || !op) {
+        ctl_request_fini(req);
         return ctl_error_set(err, CTL_INVALID, "notify %s at %s: %s is NULL",
                              op ? op : "(null op)",
                              address ? address : "(null address)",
                              !client ? "client" : !address ? "address" : "op");
-    if (!args && args_len)
-        return ctl_error_set(err, CTL_INVALID,
-                             "notify %s at %s: args is NULL but args_len is %zu",
-                             op, address, args_len);
+    }
     ctl_error_clear(err);
     int64_t deadline = ctl_now_ms() + client->opts.default_timeout_ms;
     ctl_error local;
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    char *data = NULL;
-    size_t size = 0;
     int rc;
-    void *sock = ctl_pool_lend(client->pool, address, e);
-    if (!sock) {
+    void *sock = NULL;
+    if (req->failed) {
+        rc = ctl_error_transfer(e, CTL_CAUSE_NOMEM,
+                                "%s at %s: out of memory packing the request",
+                                op, address);
+    } else if (!(sock = ctl_pool_lend(client->pool, address, e))) {
         rc = e->kind;
-    } else if ((rc = pack_request(op, "", args, args_len, address, &data,
-                                  &size, e)) != 0 ||
-               (rc = send_until(sock, data, size, deadline, address, op,
-                                e)) != 0) {
-        ctl_pool_retire(client->pool, sock);
     } else {
-        atomic_fetch_add_explicit(&client->notifies, 1, memory_order_relaxed);
-        ctl_pool_return(client->pool, address, sock);
+        size_t size = req->sb.size;
+        rc = send_until(sock, msgpack_sbuffer_release(&req->sb), size,
+                        deadline, address, op, e);
+        if (rc != 0) {
+            ctl_pool_retire(client->pool, sock);
+        } else {
+            atomic_fetch_add_explicit(&client->notifies, 1,
+                                      memory_order_relaxed);
+            ctl_pool_return(client->pool, address, sock);
+        }
     }
+    ctl_request_fini(req);
     ctl_error_fini(&local);
     return rc;
+}
+
+int ctl_client_notify(ctl_client *client, const char *address, const char *op,
+                      const void *args, size_t args_len, ctl_error *err)
+{
+    ctl_request req;
+    if (!args && args_len)
+        return ctl_error_set(err, CTL_INVALID,
+                             "notify %s at %s: args is NULL but args_len is %zu",
+                             op ? op : "(null op)",
+                             address ? address : "(null address)", args_len);
+    ctl_request_begin(&req, op ? op : "", true);
+    ctl_request_args(&req, args, args_len);
+    return ctl_client_notify_req(client, address, op, &req, err);
 }
 
 const msgpack_object *ctl_reply_result(const ctl_reply *reply)

@@ -7,6 +7,7 @@
  */
 #include "ctlrpc/codec.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,8 +61,25 @@ void *ctl_dec_alloc(ctl_dec *d, size_t n, size_t size)
     return p;
 }
 
+/* The IDL's integer types: for them an integer that does not fit is named
+ * with its value, since "expected u32, got int" would not say what is
+ * wrong with it. */
+static int is_int_type(const char *name)
+{
+    return strcmp(name, "i32") == 0 || strcmp(name, "i64") == 0 ||
+           strcmp(name, "u32") == 0 || strcmp(name, "u64") == 0;
+}
+
 int ctl_dec_mismatch(ctl_dec *d, const char *expected, const msgpack_object *got)
 {
+    if (got && is_int_type(expected)) {
+        if (got->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            return ctl_dec_fail(d, "expected %s, got %" PRIu64 " (out of range)",
+                                expected, got->via.u64);
+        if (got->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+            return ctl_dec_fail(d, "expected %s, got %" PRId64 " (out of range)",
+                                expected, got->via.i64);
+    }
     return ctl_dec_fail(d, "expected %s, got %s", expected,
                         ctl_obj_type_name(got));
 }
@@ -80,9 +98,12 @@ static void prepend(ctl_dec *d, const char *text, size_t len)
     if (d->cut)
         return;
     if (len + 3 > d->path_start) {
-        /* No room: mark the cut; the innermost part is what matters. */
-        d->path_start -= 3;
-        memcpy(d->path + d->path_start, "...", 3);
+        /* No room: mark the cut; the innermost part is what matters. A
+         * kept part that starts with the "." of a key shares it with the
+         * mark ("...key.label", not "....key.label"). */
+        size_t mark = d->path[d->path_start] == '.' ? 2 : 3;
+        d->path_start -= mark;
+        memcpy(d->path + d->path_start, "...", mark);
         d->cut = 1;
         return;
     }

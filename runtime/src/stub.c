@@ -6,16 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_int.h"
 #include "util_int.h"
 
-/* Pack args into `sb` (which the caller initialised and destroys). */
-static int pack_args(msgpack_sbuffer *sb, ctl_enc_fn enc, const void *args)
+/* Pack [op, id, args] into `req`, the args straight from the typed struct
+ * into the frame that will be sent (no intermediate buffer). */
+static void pack_request(ctl_request *req, const char *op, bool notify,
+                         ctl_enc_fn enc, const void *args)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    if (!enc)
-        return msgpack_pack_map(&pk, 0) ? -1 : 0;
-    return enc(&pk, args);
+    ctl_request_begin(req, op, notify);
+    if (req->failed)
+        return;
+    msgpack_packer_init(&pk, &req->sb, msgpack_sbuffer_write);
+    req->failed = (enc ? enc(&pk, args) : msgpack_pack_map(&pk, 0)) != 0;
 }
 
 /* Decode the reply's result into `result`; on failure fill `err`. */
@@ -28,10 +32,12 @@ static int take_result(ctl_reply *reply, const char *address, const char *op,
     ctl_dec_init_reply(&d, reply);
     if (dec(ctl_reply_result(reply), result, &d) == 0)
         return 0;
+    /* Named like an arg on the unit's side: "result.children[1].label"
+     * (a cut path reads "result ...ren[1].label"). */
     return ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
-                              "%s at %s: bad result%s%s: %s", op, address,
-                              *ctl_dec_where(&d) ? " at " : "",
-                              ctl_dec_where(&d), ctl_dec_what(&d));
+                              "%s at %s: bad reply: result%s%s: %s", op,
+                              address, d.cut ? " " : "", ctl_dec_where(&d),
+                              ctl_dec_what(&d));
 }
 
 int ctl_stub_call(ctl_client *client, const char *address, const char *op,
@@ -39,23 +45,16 @@ int ctl_stub_call(ctl_client *client, const char *address, const char *op,
                   ctl_dec_fn dec_result, void *result, ctl_reply **keep,
                   ctl_error *err)
 {
-    msgpack_sbuffer sb;
+    ctl_request req;
     ctl_reply *reply = NULL;
     if (keep)
         *keep = NULL;
     if (enc_args && !args)
         return ctl_error_set(err, CTL_INVALID, "%s at %s: args is NULL", op,
                              address ? address : "(null address)");
-    msgpack_sbuffer_init(&sb);
-    if (pack_args(&sb, enc_args, args) != 0) {
-        msgpack_sbuffer_destroy(&sb);
-        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
-                                  "%s at %s: out of memory packing args", op,
-                                  address ? address : "(null address)");
-    }
-    int rc = ctl_client_call(client, address, op, sb.data, sb.size, timeout_ms,
-                             &reply, err);
-    msgpack_sbuffer_destroy(&sb);
+    pack_request(&req, op, false, enc_args, args);
+    int rc = ctl_client_call_req(client, address, op, &req, timeout_ms, &reply,
+                                 err);
     if (rc != 0)
         return rc;
     rc = take_result(reply, address, op, dec_result, result, err);
@@ -94,64 +93,44 @@ int ctl_stub_call_many(ctl_client *client, const char *op,
     if (count == 0)
         return 0;
 
-    /* Targets whose args could not be packed (out of memory) fail here;
-     * the rest go out together: sent[k] is the outcome index of target k. */
-    msgpack_sbuffer *bufs = calloc(count, sizeof *bufs);
-    ctl_target *targets = calloc(count, sizeof *targets);
+    ctl_request *reqs = calloc(count, sizeof *reqs);
     ctl_outcome *raw = calloc(count, sizeof *raw);
-    size_t *sent = calloc(count, sizeof *sent);
-    size_t n = 0, failed = 0;
-    if (!bufs || !targets || !raw || !sent) {
+    size_t failed = 0;
+    if (!reqs || !raw) {
         for (size_t i = 0; i < count; i++)
             ctl_error_transfer((ctl_error *)AT(outcomes, i, layout, error_offset),
                                CTL_CAUSE_NOMEM, "%s_many: out of memory", op);
-        failed = count;
-        goto out;
+        free(reqs);
+        free(raw);
+        return count > INT32_MAX ? INT32_MAX : (int)count;
     }
+    /* One frame per target, args packed straight into it; a target whose
+     * packing ran out of memory gets its own error from the fan-out. */
+    for (size_t i = 0; i < count; i++)
+        pack_request(&reqs[i], op, false, enc_args,
+                     args ? (const char *)args + i * layout->args_size : NULL);
+    ctl_client_call_many_req(client, op, addresses, reqs, count, timeout_ms, raw);
     for (size_t i = 0; i < count; i++) {
-        const void *a = args ? (const char *)args + i * layout->args_size : NULL;
-        msgpack_sbuffer_init(&bufs[i]);
-        if (pack_args(&bufs[i], enc_args, a) != 0) {
-            ctl_error_transfer((ctl_error *)AT(outcomes, i, layout, error_offset),
-                               CTL_CAUSE_NOMEM,
-                               "%s at %s: out of memory packing args", op,
-                               addresses[i] ? addresses[i] : "(null address)");
-            failed++;
-            continue;
-        }
-        targets[n] = (ctl_target){addresses[i], bufs[i].data, bufs[i].size};
-        sent[n++] = i;
-    }
-    ctl_client_call_many(client, op, targets, n, timeout_ms, raw);
-    for (size_t k = 0; k < n; k++) {
-        size_t i = sent[k];
         ctl_error *e = (ctl_error *)AT(outcomes, i, layout, error_offset);
         ctl_reply **r = (ctl_reply **)AT(outcomes, i, layout, reply_offset);
         /* Move the error: its strings now belong to the typed outcome. */
-        *e = raw[k].error;
-        ctl_error_init(&raw[k].error);
-        if (raw[k].reply &&
-            take_result(raw[k].reply, addresses[i], op, dec_result,
+        *e = raw[i].error;
+        ctl_error_init(&raw[i].error);
+        if (raw[i].reply &&
+            take_result(raw[i].reply, addresses[i], op, dec_result,
                         dec_result ? AT(outcomes, i, layout, result_offset) : NULL,
                         e) == 0 &&
             layout->keep_reply)
-            *r = raw[k].reply;
+            *r = raw[i].reply;
         else
-            ctl_reply_destroy(&raw[k].reply);
-        raw[k].reply = NULL; /* moved or freed */
+            ctl_reply_destroy(&raw[i].reply);
+        raw[i].reply = NULL; /* moved or freed */
         if (e->kind != CTL_OK)
             failed++;
     }
-out:
-    if (bufs)
-        for (size_t i = 0; i < count; i++)
-            msgpack_sbuffer_destroy(&bufs[i]);
-    if (raw)
-        ctl_outcomes_fini(raw, n);
-    free(bufs);
-    free(targets);
+    ctl_outcomes_fini(raw, count);
+    free(reqs);
     free(raw);
-    free(sent);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }
 
@@ -169,20 +148,12 @@ void ctl_stub_outcomes_fini(void *outcomes, size_t count,
 int ctl_stub_notify(ctl_client *client, const char *address, const char *op,
                     ctl_enc_fn enc_args, const void *args, ctl_error *err)
 {
-    msgpack_sbuffer sb;
+    ctl_request req;
     if (enc_args && !args)
         return ctl_error_set(err, CTL_INVALID, "%s at %s: args is NULL", op,
                              address ? address : "(null address)");
-    msgpack_sbuffer_init(&sb);
-    if (pack_args(&sb, enc_args, args) != 0) {
-        msgpack_sbuffer_destroy(&sb);
-        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
-                                  "%s at %s: out of memory packing args", op,
-                                  address ? address : "(null address)");
-    }
-    int rc = ctl_client_notify(client, address, op, sb.data, sb.size, err);
-    msgpack_sbuffer_destroy(&sb);
-    return rc;
+    pack_request(&req, op, true, enc_args, args);
+    return ctl_client_notify_req(client, address, op, &req, err);
 }
 
 int ctl_stub_fail_args(ctl_req *req, const ctl_dec *d)
@@ -191,7 +162,8 @@ int ctl_stub_fail_args(ctl_req *req, const ctl_dec *d)
     const char *where = ctl_dec_where(d);
     ctl_str op = ctl_req_op(req);
     ctl_show(shown, sizeof shown, op);
-    if (*where == '.')
+    /* "arg tree.label", not "arg .tree.label"; a cut path keeps its "...". */
+    if (*where == '.' && !d->cut)
         where++;
     if (*where)
         return ctl_req_fail(req, CTL_PROTOCOL, "op '%s': arg %s: %s", shown,

@@ -10,7 +10,9 @@
  * When a value does not fit its declared type, the decoder records what was
  * expected and what came, and each level on the way back out prepends where
  * it was ("[2]", ".size"), so the message names the exact spot:
- * "arg 'infos'[2].size: expected u64, got str".
+ * "arg infos[2].size: expected u64, got str" on a unit, "bad reply:
+ * result[2].size: ..." on a client. A path too long to keep loses its outer
+ * part: "...[2].size".
  *
  * Threading: a ctl_dec belongs to one decoding on one thread.
  */
@@ -49,8 +51,9 @@ void ctl_dec_init_reply(ctl_dec *d, ctl_reply *reply);
  * on overflow or when out of memory. n == 0 gives a non-NULL pointer. */
 void *ctl_dec_alloc(ctl_dec *d, size_t n, size_t size);
 
-/* Record a type mismatch: "expected <expected>, got <family of got>".
- * Returns -1. */
+/* Record a type mismatch: "expected <expected>, got <family of got>", or
+ * for an integer outside an integer type ("i32", "u64", ...) "expected u32,
+ * got -1 (out of range)". Returns -1. */
 int ctl_dec_mismatch(ctl_dec *d, const char *expected, const msgpack_object *got);
 
 /* Record another failure (printf-style). Returns -1. */

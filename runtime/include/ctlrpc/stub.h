@@ -40,7 +40,9 @@ typedef int (*ctl_dec_fn)(const msgpack_object *o, void *out, ctl_dec *d);
  * ignored). If `keep` is not NULL the reply, which owns the result's views,
  * is stored there on success (caller destroys it); otherwise it is freed
  * before returning. A result that does not decode is CTL_TRANSFER with
- * cause CTL_CAUSE_BAD_REPLY, naming where in the result it failed.
+ * cause CTL_CAUSE_BAD_REPLY, naming where in the result it failed
+ * ("find at tcp://...: bad reply: result.children[1].label: expected str,
+ * got int").
  */
 int ctl_stub_call(ctl_client *client, const char *address, const char *op,
                   ctl_enc_fn enc_args, const void *args, int timeout_ms,
