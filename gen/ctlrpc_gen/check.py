@@ -69,6 +69,7 @@ C_RESERVED = dict(
 # all names). Static helpers are S__<...>, which no name can reach (names never start with '_').
 GENERATED_NAMES = ("client", "server", "handlers", "serve", "service")
 OP_SUFFIXES = ("_args", "_args_init", "_many", "_outcome", "_outcomes_fini")
+RECORD_SUFFIXES = ("_init",)
 
 
 def check(program: ast.Program, diags: Diagnostics) -> Optional[model.Model]:
@@ -250,9 +251,8 @@ class _Checker:
         # an op node, or a type
         derived: Dict[str, object] = {name: None for name in GENERATED_NAMES}
         for kind, node in unique:
-            if kind == "op":
-                for suffix in OP_SUFFIXES:
-                    derived.setdefault((node.name + suffix).lower(), node)
+            for suffix in OP_SUFFIXES if kind == "op" else RECORD_SUFFIXES:
+                derived.setdefault((node.name + suffix).lower(), node)
         for t in types:
             fragment = _c_fragment(t)
             if fragment is not None:
@@ -266,8 +266,10 @@ class _Checker:
             origin = derived[key]
             if origin is None:
                 why = "the generated code uses"
-            elif isinstance(origin, ast.Op):
-                why = f"is generated for op '{origin.name}' ({origin.loc.where(node.loc.path)})"
+            elif isinstance(origin, (ast.Op, ast.Record)):
+                what = "op" if isinstance(origin, ast.Op) else "record"
+                why = (f"is generated for {what} '{origin.name}' "
+                       f"({origin.loc.where(node.loc.path)})")
             else:
                 why = f"is generated for type '{origin.idl}'"
             self.error(node.loc, f"{kind} '{node.name}' would be named '{svc}_{node.name}' in C, "

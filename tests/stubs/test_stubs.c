@@ -1256,6 +1256,40 @@ static void expect_echoed(const everything_Containers *r, const everything_echo_
 
 /* ---- round trips through the typed stubs ----------------------------- */
 
+/* <svc>_<Record>_init gives a record its IDL defaults, so a client that
+ * builds one sends the defaults, not zeros. */
+static void test_record_init_sets_defaults(void **state)
+{
+    (void)state;
+    everything_Scalars s;
+    memset(&s, 0xa5, sizeof s);
+    everything_Scalars_init(&s);
+    assert_false(s.flag);
+    assert_int_equal(s.total, 0);
+    assert_int_equal(s.name.len, 0);
+    assert_true(s.flag_d);
+    assert_true(s.small_d == INT32_MIN);
+    assert_true(s.big_d == INT64_MAX);
+    assert_true(s.count_d == UINT32_MAX);
+    assert_true(s.total_d == UINT64_MAX);
+    assert_int_equal(s.neg_hex, -16);
+    assert_true(s.ratio_d == -1.5e-3);
+    assert_true(s.ratio_int == 2.0);
+    assert_int_equal(s.blob_d.len, 3);
+    assert_memory_equal(s.blob_d.ptr, "raw", 3);
+
+    everything_Containers c;
+    memset(&c, 0xa5, sizeof c);
+    everything_Containers_init(&c);
+    assert_int_equal(c.ints.count, 0);
+    assert_false(c.maybe.present);
+    assert_null(c.when_maybe);
+    assert_true(c.maybe_d.present);
+    assert_int_equal(c.maybe_d.value.len, 3);
+    assert_memory_equal(c.maybe_d.value.ptr, "set", 3);
+    assert_false(c.maybe_null.present);
+}
+
 static void test_echo_every_type(void **state)
 {
     fx *f = *state;
@@ -2685,6 +2719,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+        T(test_record_init_sets_defaults),
         T(test_echo_every_type),
         T(test_echo_empty_and_absent),
         T(test_find_absent_and_present),
