@@ -61,12 +61,17 @@ static const char usage_text[] =
     "  list [--prefix P]        keys, sorted (one row per unit with several)\n"
     "  stats                    counters (one row per unit with several)\n"
     "\n"
+    "  keygen PREFIX            write a client key pair: PREFIX.key, PREFIX.pub\n"
+    "\n"
     "options:\n"
     "  --address ADDR   a unit's tcp://host:port; repeat for several units\n"
     "                   (stats and list fan out; other commands take one)\n"
     "  --timeout T      deadline per call or batch: 2.5 (seconds), 500ms, 3s\n"
     "                   (default 5s)\n"
     "  --json           print JSON instead of text\n"
+    "  --curve-server-key FILE   talk CURVE to units with this public key\n"
+    "  --curve-key FILE          this client's secret key (for units with an\n"
+    "                   allowlist; must not be readable by others)\n"
     "\n"
     "exit status: 0 ok, 1 local failure, 2 usage, 3 UnitFull, 4 Busy,\n"
     "5 Missing, 6 Transfer (protocol, transport, bad reply), 7 timeout\n";
@@ -640,10 +645,13 @@ int main(int argc, char **argv)
         {"address", required_argument, NULL, 'a'},
         {"timeout", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},
+        {"curve-server-key", required_argument, NULL, 'S'},
+        {"curve-key", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     cli c = {{NULL}, 0, 5000, 0, NULL};
+    const char *server_key_file = NULL, *key_file = NULL;
     int o;
     /* '+': stop at the command; its own options are parsed after it. */
     while ((o = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
@@ -661,6 +669,12 @@ int main(int argc, char **argv)
         case 'j':
             c.json = 1;
             break;
+        case 'S':
+            server_key_file = optarg;
+            break;
+        case 'K':
+            key_file = optarg;
+            break;
         case 'h':
             fputs(usage_text, stdout);
             return 0;
@@ -671,12 +685,40 @@ int main(int argc, char **argv)
     }
     if (optind >= argc)
         return usage_error("no command given");
-    if (c.n_addresses == 0)
-        return usage_error("no --address given");
-
     ctl_error err;
     ctl_error_init(&err);
-    if (ctl_client_new(NULL, &c.client, &err) != 0) {
+    if (strcmp(argv[optind], "keygen") == 0) {
+        if (argc - optind != 2)
+            return usage_error("usage: keygen PREFIX");
+        int krc = ctl_curve_write_keypair(argv[optind + 1], &err);
+        if (krc)
+            fprintf(stderr, "ctl-storage: %s\n", err.msg);
+        else
+            printf("wrote %s.key (secret) and %s.pub\n", argv[optind + 1],
+                   argv[optind + 1]);
+        ctl_error_fini(&err);
+        return krc ? EXIT_LOCAL : 0;
+    }
+    if (c.n_addresses == 0)
+        return usage_error("no --address given");
+    if (key_file && !server_key_file)
+        return usage_error("--curve-key needs --curve-server-key");
+
+    char server_key[CTL_CURVE_KEY_BUF], secret[CTL_CURVE_KEY_BUF];
+    ctl_client_options co;
+    ctl_client_options_init(&co);
+    if ((server_key_file &&
+         ctl_curve_read_key(server_key_file, false, server_key, &err) != 0) ||
+        (key_file && ctl_curve_read_key(key_file, true, secret, &err) != 0)) {
+        fprintf(stderr, "ctl-storage: %s\n", err.msg);
+        ctl_error_fini(&err);
+        return EXIT_USAGE;
+    }
+    co.curve_server_key = server_key_file ? server_key : NULL;
+    co.curve_secret_key = key_file ? secret : NULL;
+    int nrc = ctl_client_new(&co, &c.client, &err);
+    memset(secret, 0, sizeof secret);
+    if (nrc != 0) {
         int rc = fail(&c, &err);
         ctl_error_fini(&err);
         return rc;

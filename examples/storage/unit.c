@@ -2,7 +2,9 @@
  * unit.c - ctl-storage-unit: one storage unit serving idl/storage.idl.
  *
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
- *                    [--max-msg-bytes BYTES]
+ *                    [--max-msg-bytes BYTES] [--curve-secret FILE
+ *                    [--curve-allow FILE]]
+ *   ctl-storage-unit --gen-keys PREFIX
  *
  * Prints its bound endpoint as the first line of stdout, serves until
  * SIGINT or SIGTERM, then shuts down cleanly (spill files are removed).
@@ -240,6 +242,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES]\n"
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
+            "                        [--curve-secret FILE [--curve-allow FILE]]\n"
+            "       ctl-storage-unit --gen-keys PREFIX\n"
             "\n"
             "Serve one storage unit (idl/storage.idl) until SIGINT or SIGTERM.\n"
             "The first line of stdout is the bound endpoint.\n"
@@ -251,7 +255,14 @@ static void usage(FILE *f)
             "  --spill-dir DIR      write blobs that do not fit in memory here\n"
             "                       (created if missing; its blob files are removed\n"
             "                       at shutdown) instead of refusing them\n"
-            "  --max-msg-bytes N    largest request accepted (default 256M)\n",
+            "  --max-msg-bytes N    largest request accepted (default 256M)\n"
+            "  --curve-secret FILE  encrypt with CURVE: the unit's secret key (the\n"
+            "                       file must not be readable by others); only\n"
+            "                       clients that know its public key get through\n"
+            "  --curve-allow FILE   also require clients to hold one of the public\n"
+            "                       keys listed in FILE (one per line)\n"
+            "  --gen-keys PREFIX    write a new key pair to PREFIX.key (secret,\n"
+            "                       mode 0600) and PREFIX.pub, then exit\n",
             CTL_NODE_IP_ENV);
 }
 
@@ -262,10 +273,13 @@ int main(int argc, char **argv)
         {"capacity", required_argument, NULL, 'c'},
         {"spill-dir", required_argument, NULL, 's'},
         {"max-msg-bytes", required_argument, NULL, 'm'},
+        {"curve-secret", required_argument, NULL, 'k'},
+        {"curve-allow", required_argument, NULL, 'A'},
+        {"gen-keys", required_argument, NULL, 'g'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *bind = NULL, *spill = NULL;
+    const char *bind = NULL, *spill = NULL, *secret_file = NULL, *allow_file = NULL;
     uint64_t capacity = (uint64_t)1 << 30, max_msg = 0;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -290,6 +304,23 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'k':
+            secret_file = optarg;
+            break;
+        case 'A':
+            allow_file = optarg;
+            break;
+        case 'g': {
+            ctl_error gerr;
+            ctl_error_init(&gerr);
+            int grc = ctl_curve_write_keypair(optarg, &gerr);
+            if (grc)
+                fprintf(stderr, "ctl-storage-unit: %s\n", gerr.msg);
+            else
+                printf("wrote %s.key (secret) and %s.pub\n", optarg, optarg);
+            ctl_error_fini(&gerr);
+            return grc ? 1 : 0;
+        }
         case 'h':
             usage(stdout);
             return 0;
@@ -297,6 +328,10 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (allow_file && !secret_file) {
+        fprintf(stderr, "ctl-storage-unit: --curve-allow needs --curve-secret\n");
+        return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "ctl-storage-unit: unexpected argument '%s'\n", argv[optind]);
@@ -315,6 +350,24 @@ int main(int argc, char **argv)
     unit u = {NULL, NULL, PTHREAD_MUTEX_INITIALIZER};
     ctl_error err;
     ctl_error_init(&err);
+    char secret[CTL_CURVE_KEY_BUF] = "";
+    char(*allow)[CTL_CURVE_KEY_BUF] = NULL;
+    const char **allow_ptrs = NULL;
+    size_t allow_count = 0;
+    if ((secret_file && ctl_curve_read_key(secret_file, true, secret, &err) != 0) ||
+        (allow_file &&
+         ctl_curve_read_allowlist(allow_file, &allow, &allow_count, &err) != 0)) {
+        fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
+        ctl_error_fini(&err);
+        return 2;
+    }
+    if (allow_file && allow_count == 0) {
+        fprintf(stderr, "ctl-storage-unit: allowlist %s lists no keys\n", allow_file);
+        return 2;
+    }
+    allow_ptrs = calloc(allow_count ? allow_count : 1, sizeof *allow_ptrs);
+    for (size_t i = 0; allow_ptrs && i < allow_count; i++)
+        allow_ptrs[i] = allow[i];
     if (store_new(capacity, spill, &u.store, &err) != 0) {
         fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
         ctl_error_fini(&err);
@@ -337,12 +390,18 @@ int main(int argc, char **argv)
     so.endpoint = bind;
     so.lock = &u.lock;
     so.limits.max_msg_bytes = (size_t)max_msg;
+    so.curve_secret_key = secret_file ? secret : NULL;
+    so.curve_allow = allow_ptrs;
+    so.curve_allow_count = allow_count;
 
     /* Hold the lock until u.server is set: a request that arrives at once
      * waits for it instead of reading a NULL server in stats. */
     pthread_mutex_lock(&u.lock);
     int rc = storage_serve(&h, &so, &u.server, &err);
     pthread_mutex_unlock(&u.lock);
+    memset(secret, 0, sizeof secret);
+    free(allow_ptrs);
+    free(allow);
     if (rc != 0) {
         fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
         store_destroy(&u.store);

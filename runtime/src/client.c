@@ -29,6 +29,7 @@
 
 #include <zmq.h>
 
+#include "ctlrpc/curve.h"
 #include "client_int.h"
 #include "pool_int.h"
 #include "util_int.h"
@@ -76,6 +77,37 @@ void ctl_client_options_init(ctl_client_options *opts)
     opts->max_retired = 64;
 }
 
+/* Check the client's CURVE keys and copy them into the pool options. */
+static int curve_keys(const ctl_client_options *o, ctl_pool_options *po,
+                      ctl_error *err)
+{
+    if (!o->curve_server_key) {
+        if (o->curve_secret_key)
+            return ctl_error_set(err, CTL_INVALID,
+                                 "client: a CURVE secret key needs the units' "
+                                 "public key (curve_server_key)");
+        return 0;
+    }
+    if (!ctl_curve_available())
+        return ctl_error_set(err, CTL_INVALID,
+                             "client: a CURVE key was given, but this libzmq "
+                             "has no CURVE support");
+    if (!ctl_curve_key_valid(o->curve_server_key))
+        return ctl_error_set(err, CTL_INVALID,
+                             "client: the units' CURVE public key is not a "
+                             "40-character Z85 key");
+    memcpy(po->curve_server, o->curve_server_key, CTL_CURVE_KEY_BUF);
+    if (o->curve_secret_key) {
+        if (!ctl_curve_key_valid(o->curve_secret_key))
+            return ctl_error_set(err, CTL_INVALID,
+                                 "client: its CURVE secret key is not a "
+                                 "40-character Z85 key");
+        memcpy(po->curve_secret, o->curve_secret_key, CTL_CURVE_KEY_BUF);
+        return ctl_curve_public_of(po->curve_secret, po->curve_public, err);
+    }
+    return ctl_curve_keypair(po->curve_public, po->curve_secret, err);
+}
+
 int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
                    ctl_error *err)
 {
@@ -114,8 +146,19 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
         }
     }
     ctl_pool_options po = {c->opts.max_idle_per_address, c->opts.max_retired,
-                           c->opts.late_grace_ms, c->opts.limits.max_msg_bytes};
-    c->pool = ctl_pool_new(c->ctx, &po);
+                           c->opts.late_grace_ms, c->opts.limits.max_msg_bytes,
+                           "", "", ""};
+    int rc = curve_keys(&c->opts, &po, err);
+    /* The caller's key strings are not kept past this call. */
+    c->opts.curve_server_key = c->opts.curve_secret_key = NULL;
+    c->pool = rc == 0 ? ctl_pool_new(c->ctx, &po) : NULL;
+    memset(po.curve_secret, 0, sizeof po.curve_secret);
+    if (rc != 0) {
+        if (c->own_ctx)
+            zmq_ctx_term(c->ctx);
+        free(c);
+        return rc;
+    }
     if (!c->pool) {
         if (c->own_ctx)
             zmq_ctx_term(c->ctx);

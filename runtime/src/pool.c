@@ -168,6 +168,16 @@ static void *dial(ctl_pool *p, const char *address, ctl_error *err)
     int64_t maxmsg = (int64_t)p->opts.max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (p->opts.curve_server[0] &&
+        (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, p->opts.curve_server, 40) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, p->opts.curve_public, 40) != 0 ||
+         zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, p->opts.curve_secret, 40) != 0)) {
+        ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                           "%s: cannot set CURVE keys: %s", address,
+                           zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, address) != 0) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT, "%s: cannot connect: %s",
                            address, zmq_strerror(zmq_errno()));
@@ -246,6 +256,7 @@ void ctl_pool_destroy(ctl_pool **pool)
     if (!pool || !*pool)
         return;
     ctl_pool *p = *pool;
+    memset(p->opts.curve_secret, 0, sizeof p->opts.curve_secret);
     sweep(p, 1);
     for (unsigned b = 0; b < BUCKETS; b++) {
         entry *e = p->buckets[b];

@@ -29,6 +29,10 @@ typedef struct ctl_pool_options {
     unsigned max_retired;
     int late_grace_ms;
     size_t max_msg_bytes; /* ZMQ_MAXMSGSIZE on every socket */
+    /* CURVE keys (Z85, NUL-terminated) or empty strings for none. */
+    char curve_server[41];
+    char curve_public[41];
+    char curve_secret[41];
 } ctl_pool_options;
 
 /* Counters kept by the pool (see ctl_client_stats). */

@@ -33,6 +33,7 @@
 
 #include <zmq.h>
 
+#include "ctlrpc/curve.h"
 #include "ctlrpc/net.h"
 #include "util_int.h"
 #include "wire_int.h"
@@ -63,6 +64,9 @@ struct ctl_server {
     void *ctx;
     int own_ctx;
     void *router;
+    void *zap;               /* ZAP handler (REP), with an allowlist only */
+    uint8_t (*allow)[32];    /* allowed client keys, binary */
+    size_t allow_count;
     int wake[2];
     pthread_t thread;
     int started;
@@ -74,6 +78,7 @@ struct ctl_server {
     _Atomic uint64_t replies;
     _Atomic uint64_t dropped;
     _Atomic uint64_t send_failures;
+    _Atomic uint64_t auth_denied;
 
     /* Owned by the server thread. */
     msgpack_zone zone;
@@ -346,14 +351,64 @@ static int serve_one(ctl_server *s)
     return 0;
 }
 
+/* ---- CURVE authentication (ZAP, RFC 27) ------------------------------ */
+
+/* Answer one ZAP request: 200 for a CURVE client whose key is on the
+ * allowlist, 400 for anything else. A malformed request is dropped. */
+static void serve_zap(ctl_server *s)
+{
+    enum { MAX_FRAMES = 8 };
+    zmq_msg_t f[MAX_FRAMES];
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t scratch;
+        zmq_msg_t *m = n < MAX_FRAMES ? &f[n] : &scratch;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, s->zap, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            for (int i = 0; i < n; i++)
+                zmq_msg_close(&f[i]);
+            return;
+        }
+        more = zmq_msg_more(m);
+        if (n < MAX_FRAMES)
+            n++;
+        else
+            zmq_msg_close(m);
+    }
+    /* [version, request id, domain, address, identity, mechanism, key] */
+    int allowed = 0;
+    if (n >= 7 && zmq_msg_size(&f[5]) == 5 &&
+        memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32) {
+        for (size_t i = 0; i < s->allow_count && !allowed; i++)
+            allowed = memcmp(s->allow[i], zmq_msg_data(&f[6]), 32) == 0;
+    }
+    if (!allowed)
+        atomic_fetch_add_explicit(&s->auth_denied, 1, memory_order_relaxed);
+    if (n >= 2) {
+        const char *code = allowed ? "200" : "400";
+        const char *text = allowed ? "OK" : "client key not allowed";
+        zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(s->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+        zmq_send(s->zap, code, 3, ZMQ_SNDMORE);
+        zmq_send(s->zap, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(s->zap, "", 0, 0);
+    }
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&f[i]);
+}
+
 static void *serve(void *arg)
 {
     ctl_server *s = arg;
-    zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0},
-                               {NULL, s->wake[0], ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0},
+                               {NULL, s->wake[0], ZMQ_POLLIN, 0},
+                               {s->zap, 0, ZMQ_POLLIN, 0}};
+    int nitems = s->zap ? 3 : 2;
     for (;;) {
         /* Waits without a timeout on purpose: close() wakes it. */
-        int rc = zmq_poll(items, 2, -1);
+        int rc = zmq_poll(items, nitems, -1);
         if (rc < 0) {
             if (errno == EINTR)
                 continue;
@@ -361,6 +416,8 @@ static void *serve(void *arg)
         }
         if (items[1].revents)
             break;
+        if (nitems == 3 && items[2].revents)
+            serve_zap(s);
         /* Requests still queued when close is called are not served:
          * look at the flag before each one. */
         for (int i = 0; i < BATCH; i++)
@@ -396,6 +453,58 @@ static int check_service(const ctl_service *svc, ctl_error *err)
     return 0;
 }
 
+/* CURVE server mode, and the ZAP handler when there is an allowlist. */
+static int setup_curve(ctl_server *s, const ctl_server_options *opts,
+                       const char *addr, ctl_error *err)
+{
+    int one = 1;
+    if (!ctl_curve_available())
+        return ctl_error_set(err, CTL_INVALID,
+                             "server %s: a CURVE key was given, but this "
+                             "libzmq has no CURVE support", addr);
+    if (!ctl_curve_key_valid(opts->curve_secret_key))
+        return ctl_error_set(err, CTL_INVALID,
+                             "server %s: the CURVE secret key is not a "
+                             "40-character Z85 key", addr);
+    if (opts->curve_allow_count && !opts->curve_allow)
+        return ctl_error_set(err, CTL_INVALID,
+                             "server %s: curve_allow_count is %zu but "
+                             "curve_allow is NULL", addr,
+                             opts->curve_allow_count);
+    if (opts->curve_allow_count) {
+        s->allow = calloc(opts->curve_allow_count, sizeof *s->allow);
+        if (!s->allow)
+            return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                      "server %s: out of memory", addr);
+        for (size_t i = 0; i < opts->curve_allow_count; i++) {
+            const char *k = opts->curve_allow[i];
+            if (!ctl_curve_key_valid(k))
+                return ctl_error_set(err, CTL_INVALID,
+                                     "server %s: allowed client key #%zu is "
+                                     "not a 40-character Z85 key", addr, i);
+            zmq_z85_decode(s->allow[i], k);
+        }
+        s->allow_count = opts->curve_allow_count;
+        s->zap = zmq_socket(s->ctx, ZMQ_REP);
+        if (!s->zap || zmq_bind(s->zap, "inproc://zeromq.zap.01") != 0)
+            return ctl_error_set(err, CTL_INVALID,
+                                 "server %s: cannot start the ZAP handler for "
+                                 "the allowlist (%s): is another unit with an "
+                                 "allowlist using this ZeroMQ context?", addr,
+                                 zmq_strerror(zmq_errno()));
+        int zero = 0;
+        zmq_setsockopt(s->zap, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "ctlrpc", 6);
+    }
+    if (zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, opts->curve_secret_key,
+                       CTL_CURVE_KEY_LEN) != 0)
+        return ctl_error_set(err, CTL_INVALID,
+                             "server %s: cannot enable CURVE: %s", addr,
+                             zmq_strerror(zmq_errno()));
+    return 0;
+}
+
 /* The endpoint to bind: the option, or tcp://<node_ip>:* ; port 0 is
  * written "*" for ZeroMQ. */
 static int bind_address(const ctl_server_options *opts, char *buf, size_t len,
@@ -420,6 +529,9 @@ static void free_server(ctl_server *s)
 {
     if (s->router)
         zmq_close(s->router);
+    if (s->zap)
+        zmq_close(s->zap);
+    free(s->allow);
     if (s->own_ctx && s->ctx)
         zmq_ctx_term(s->ctx);
     if (s->wake[0] >= 0)
@@ -513,6 +625,11 @@ int ctl_server_new(const ctl_service *service, void *user,
     zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (opts && opts->curve_secret_key &&
+        (rc = setup_curve(s, opts, addr, err)) != 0) {
+        free_server(s);
+        return rc;
+    }
     if (zmq_bind(s->router, addr) != 0) {
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                 "server: cannot bind %s: %s", addr,
@@ -560,6 +677,8 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out)
     out->dropped = atomic_load_explicit(&s->dropped, memory_order_relaxed);
     out->send_failures =
         atomic_load_explicit(&s->send_failures, memory_order_relaxed);
+    out->auth_denied =
+        atomic_load_explicit(&s->auth_denied, memory_order_relaxed);
 }
 
 void ctl_server_close(ctl_server *server)
@@ -579,6 +698,10 @@ void ctl_server_close(ctl_server *server)
     if (server->router) {
         zmq_close(server->router);
         server->router = NULL;
+    }
+    if (server->zap) {
+        zmq_close(server->zap);
+        server->zap = NULL;
     }
 }
 

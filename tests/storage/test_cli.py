@@ -37,10 +37,11 @@ EXIT = {"ok": 0, "local": 1, "usage": 2, "UnitFull": 3, "Busy": 4,
 class Unit:
     """One ctl-storage-unit process."""
 
-    def __init__(self, capacity="64M", spill_dir=None):
+    def __init__(self, capacity="64M", spill_dir=None, extra=()):
         args = [UNIT, "--bind", "tcp://127.0.0.1:0", "--capacity", capacity]
         if spill_dir:
             args += ["--spill-dir", spill_dir]
+        args += list(extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE)
         self.address = self._read_endpoint()
 
@@ -557,6 +558,57 @@ class TestFanOut(CliCase):
                 stdin=b"v")
         self.assertEqual(r.status, EXIT["timeout"])
         self.assertEqual(r.json()["error"]["kind"], "Timeout")
+
+
+class TestCurve(CliCase):
+    """CURVE: key generation, encrypted and authenticated calls, strangers
+    refused (they get nothing: a timeout), secret key files kept private."""
+
+    def keygen(self, name):
+        prefix = os.path.join(self.tmp, name)
+        r = cli("keygen", prefix)
+        self.assertEqual(r.status, 0, r.err)
+        self.assertEqual(os.stat(prefix + ".key").st_mode & 0o777, 0o600)
+        return prefix + ".key", prefix + ".pub"
+
+    def test_keys_and_allowlist(self):
+        unit_key = os.path.join(self.tmp, "unit")
+        r = subprocess.run([UNIT, "--gen-keys", unit_key], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        alice_key, alice_pub = self.keygen("alice")
+        bob_key, _ = self.keygen("bob")
+        allow = os.path.join(self.tmp, "allow")
+        with open(alice_pub) as src, open(allow, "w") as dst:
+            dst.write(src.read())
+        u = self.unit(extra=["--curve-secret", unit_key + ".key", "--curve-allow", allow])
+        ok = cli("--json", "--curve-server-key", unit_key + ".pub", "--curve-key", alice_key,
+                 "stats", addresses=[u.address])
+        self.assertEqual(ok.status, 0, ok.err)
+        self.assertEqual(ok.json()[0]["requests"], 1)
+        for extra in (["--curve-server-key", unit_key + ".pub", "--curve-key", bob_key],
+                      ["--curve-server-key", unit_key + ".pub"], []):
+            r = cli("--timeout", "500ms", *extra, "stats", addresses=[u.address])
+            self.assertEqual(r.status, EXIT["timeout"], (extra, r.text, r.err))
+        # Alice is still served; the strangers' calls never reached the unit.
+        ok = cli("--json", "--curve-server-key", unit_key + ".pub", "--curve-key", alice_key,
+                 "stats", addresses=[u.address])
+        self.assertEqual(ok.json()[0]["requests"], 2)
+
+    def test_private_key_files_only(self):
+        key, pub = self.keygen("carol")
+        os.chmod(key, 0o644)
+        r = cli("--curve-server-key", pub, "--curve-key", key, "stats",
+                addresses=["tcp://127.0.0.1:1"])
+        self.assertEqual(r.status, EXIT["usage"])
+        self.assertIn("readable by others (mode 0644)", r.err)
+        r = subprocess.run([UNIT, "--curve-secret", key], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(key, r.stderr.decode())
+        r = cli("keygen", key[:-4])
+        self.assertEqual(r.status, EXIT["local"])
+        self.assertIn("cannot create", r.err)
 
 
 def main():

@@ -64,6 +64,14 @@ typedef struct ctl_client_options {
     /* A ZeroMQ context to create sockets in (borrowed), or NULL for a
      * private one. */
     void *zmq_context;
+    /* CURVE (see ctlrpc/curve.h): the units' public key, Z85 (copied).
+     * NULL: no encryption. One client speaks to units sharing one key
+     * pair; use one client per key otherwise. */
+    const char *curve_server_key;
+    /* This client's secret key, Z85 (copied), for units that check an
+     * allowlist. NULL with a server key: a fresh key pair is made for the
+     * client's life. */
+    const char *curve_secret_key;
 } ctl_client_options;
 
 /* Set `opts` to the defaults. */

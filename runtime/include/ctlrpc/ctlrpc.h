@@ -22,6 +22,7 @@
 #include "ctlrpc/error.h"
 #include "ctlrpc/wire.h"
 #include "ctlrpc/net.h"
+#include "ctlrpc/curve.h"
 #include "ctlrpc/server.h"
 #include "ctlrpc/client.h"
 #include "ctlrpc/codec.h"

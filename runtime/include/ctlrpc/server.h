@@ -86,6 +86,16 @@ typedef struct ctl_server_options {
     /* A ZeroMQ context to create the socket in (borrowed), or NULL for a
      * private one. */
     void *zmq_context;
+    /* CURVE (see ctlrpc/curve.h): the unit's secret key, Z85 (copied).
+     * NULL: no encryption, any peer may call. */
+    const char *curve_secret_key;
+    /* With a secret key: the client public keys (Z85, copied) allowed to
+     * connect; a count of 0 allows any client that knows the unit's public
+     * key. Needs the ZAP endpoint of the ZeroMQ context, so at most one
+     * unit with an allowlist per context (the default private context is
+     * always free). */
+    const char *const *curve_allow;
+    size_t curve_allow_count;
 } ctl_server_options;
 
 /* Set `opts` to the defaults (all zero/NULL). */
@@ -94,7 +104,7 @@ void ctl_server_options_init(ctl_server_options *opts);
 /*
  * Bind and start serving `service` on a new thread. `user` is handed to
  * every handler. On success stores the server in *out and returns 0; on
- * failure returns CTL_INVALID (bad endpoint or service, naming it) or
+ * failure returns CTL_INVALID (bad endpoint, service or key, naming it) or
  * CTL_TRANSFER (bind or thread failure, with the endpoint) and leaves *out
  * NULL. `opts` may be NULL for the defaults; it is not kept.
  * Blocking: only while binding.
@@ -120,6 +130,7 @@ typedef struct ctl_server_stats {
     uint64_t replies;  /* replies sent */
     uint64_t dropped;  /* payloads dropped: no usable request id */
     uint64_t send_failures; /* replies that could not be sent (peer gone) */
+    uint64_t auth_denied;   /* CURVE clients refused: not on the allowlist */
 } ctl_server_stats;
 
 void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);

@@ -1,0 +1,81 @@
+/*
+ * ctlrpc/curve.h - CURVE keys: encryption and authentication of the
+ * control plane.
+ *
+ * ZeroMQ's CURVE mechanism encrypts every frame and authenticates the unit
+ * to its clients: a unit started with a secret key (ctl_server_options.
+ * curve_secret_key) serves only clients that know its public key
+ * (ctl_client_options.curve_server_key); others never complete the
+ * handshake, so their calls time out and the unit sees nothing of them.
+ * Given an allowlist of client public keys (curve_allow), the unit also
+ * authenticates its clients, through a ZAP handler it runs on its own
+ * thread: a client whose key is not listed is refused during the
+ * handshake and counted (ctl_server_stats.auth_denied).
+ *
+ * Keys are 40-character Z85 strings (32 bytes). Key files hold one key as
+ * text; a secret key file must not be readable by its group or others
+ * (ctl_curve_read_key refuses it, naming the file and its mode), as ssh
+ * does for private keys.
+ *
+ * Threading: reentrant; no shared state.
+ */
+#ifndef CTLRPC_CURVE_H
+#define CTLRPC_CURVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ctlrpc/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Z85 length of a key, and the size of a buffer holding one. */
+#define CTL_CURVE_KEY_LEN 40
+#define CTL_CURVE_KEY_BUF 41
+
+/* Whether the libzmq in use was built with CURVE (libsodium). */
+bool ctl_curve_available(void);
+
+/* Whether `key` is a well-formed Z85 key (40 characters that decode). */
+bool ctl_curve_key_valid(const char *key);
+
+/* A new key pair, NUL-terminated Z85. 0 or CTL_INVALID (no CURVE). */
+int ctl_curve_keypair(char public_key[CTL_CURVE_KEY_BUF],
+                      char secret_key[CTL_CURVE_KEY_BUF], ctl_error *err);
+
+/* The public key of `secret_key`. 0 or CTL_INVALID. */
+int ctl_curve_public_of(const char *secret_key,
+                        char public_key[CTL_CURVE_KEY_BUF], ctl_error *err);
+
+/*
+ * Read one key from the file at `path` (surrounding whitespace and lines
+ * starting with '#' are ignored). With `secret`, refuse a file that its
+ * group or others can read. 0, or CTL_INVALID with a message naming the
+ * file and what is wrong with it.
+ */
+int ctl_curve_read_key(const char *path, bool secret,
+                       char key[CTL_CURVE_KEY_BUF], ctl_error *err);
+
+/*
+ * Read an allowlist: one public key per line ('#' comments and blank lines
+ * ignored). On success *keys is a malloc'd array of *count keys (caller
+ * frees it with free()). CTL_INVALID naming the file and line otherwise.
+ */
+int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_KEY_BUF],
+                             size_t *count, ctl_error *err);
+
+/*
+ * Generate a key pair and write it as PREFIX.key (the secret key, mode
+ * 0600, created exclusively: an existing file is an error, never
+ * overwritten) and PREFIX.pub (the public key, mode 0644). 0 or
+ * CTL_INVALID naming the file.
+ */
+int ctl_curve_write_keypair(const char *prefix, ctl_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CTLRPC_CURVE_H */
