@@ -33,13 +33,22 @@ static int check_present(storage_unit *u, const storage_list_str *keys, ctl_req 
                            n, keys->count);
 }
 
+/* Blobs at least this large are kept by holding the request message
+ * (no copy); smaller ones are copied, so a held message is never much
+ * larger than the blob it keeps. */
+#define HOLD_MIN ((size_t)64 * 1024)
+
 static int on_put(void *ctx, const storage_put_args *a, uint64_t *result,
                   ctl_req *req)
 {
     storage_unit *u = ctx;
     ctl_error err;
+    bool taken = false;
+    ctl_hold *hold = a->data.len >= HOLD_MIN ? ctl_req_hold(req, a->data) : NULL;
     ctl_error_init(&err);
-    int rc = store_put(u->store, a->key, a->data, a->pin, &err);
+    int rc = store_put(u->store, a->key, a->data, hold, a->pin, &taken, &err);
+    if (!taken)
+        ctl_hold_release(&hold);
     if (rc == 0)
         *result = a->data.len;
     else

@@ -99,7 +99,10 @@ static void drop_data(store *s, store_blob *b)
         s->spilled--;
     } else {
         s->bytes -= b->size;
-        free(b->data);
+        if (b->hold)
+            ctl_hold_release(&b->hold);
+        else
+            free(b->data);
     }
     b->data = NULL;
     b->spilled = false;
@@ -204,8 +207,11 @@ static int spill_write(store *s, ctl_str data, uint64_t *id, ctl_error *err)
     return 0;
 }
 
-int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err)
+int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
+              bool *hold_taken, ctl_error *err)
 {
+    if (hold_taken)
+        *hold_taken = false;
     uint64_t h = hash_key(key);
     node **p = slot(s, key, h);
     node *n = *p;
@@ -217,7 +223,10 @@ int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err)
     bool fits = data.len <= s->capacity && base <= s->capacity - data.len;
     unsigned char *mem = NULL;
     uint64_t spill_id = 0;
-    if (fits) {
+    if (fits && hold) {
+        mem = (unsigned char *)ctl_hold_view(hold).ptr;
+    } else if (fits) {
+        hold = NULL;
         mem = malloc(data.len ? data.len : 1);
         if (!mem)
             return ctl_error_set(err, CTL_UNIT_FULL,
@@ -240,7 +249,8 @@ int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err)
         if (!n || !k) {
             free(n);
             free(k);
-            free(mem);
+            if (!hold)
+                free(mem);
             if (!fits) {
                 char name[40];
                 spill_name(spill_id, name);
@@ -259,6 +269,9 @@ int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err)
     }
     n->blob.size = data.len;
     n->blob.data = mem;
+    n->blob.hold = fits ? hold : NULL;
+    if (fits && hold && hold_taken)
+        *hold_taken = true;
     n->blob.spilled = !fits;
     n->blob.spill_id = spill_id;
     if (fits)

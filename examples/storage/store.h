@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include <ctlrpc/error.h>
+#include <ctlrpc/server.h>
 
 typedef struct store store;
 
@@ -37,6 +38,7 @@ typedef struct store_blob {
     bool pinned;
     bool spilled;
     unsigned char *data; /* in memory; NULL when spilled */
+    ctl_hold *hold;      /* when `data` lies in a held request message */
     uint64_t spill_id;   /* the spill file's number when spilled */
     uint64_t mark;       /* see store_mark */
 } store_blob;
@@ -57,9 +59,13 @@ void store_destroy(store **s);
 /* The blob under `key`, or NULL. Borrowed until the next change. */
 store_blob *store_find(store *s, ctl_str key);
 
-/* Store `data` under `key` (copied), pinned if `pin`. Returns 0, CTL_BUSY
+/* Store `data` under `key`, pinned if `pin`. The bytes are copied, unless
+ * `hold` (may be NULL) holds them: then a blob kept in memory keeps the
+ * hold instead of a copy (the store owns `hold` when this returns 0 with
+ * *hold_taken set; otherwise the caller still does). Returns 0, CTL_BUSY
  * (pinned), CTL_UNIT_FULL, or CTL_PROTOCOL (a spill file failed). */
-int store_put(store *s, ctl_str key, ctl_str data, bool pin, ctl_error *err);
+int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
+              bool *hold_taken, ctl_error *err);
 
 /* Read a spilled blob's bytes into `buf` (blob->size bytes). 0 or
  * CTL_PROTOCOL naming the failure. */

@@ -1,10 +1,12 @@
 /*
  * client.c - call, call_many and notify over the socket pool.
  *
- * call is call_many with one target: both go through the same three steps
- * per request (send_request, on_readable, and the deadline), so a single
- * call and a fan-out cannot drift apart in how they treat ids, timeouts
- * and late replies.
+ * A single call and a fan-out share every step that matters: send_request
+ * sends, recv_one deals with each message that arrives (ids, late replies,
+ * errors), time_out ends a request at its deadline; so they cannot drift
+ * apart. They differ only in how they wait: a single call blocks in one
+ * receive bounded by its deadline (the fewest system calls per round
+ * trip), a fan-out polls all its sockets until its one deadline.
  *
  * A request is packed into a fresh buffer that ZeroMQ takes over without a
  * copy (zmq_msg_init_data). A reply is received into a zmq_msg_t that the
@@ -327,72 +329,106 @@ static void finish(ctl_client *c, pending *p, int clean)
  * reply has come, successfully (*reply set) or not (`err` set), or when the
  * socket failed. Messages for other ids are counted and skipped.
  */
-static void on_readable(ctl_client *c, pending *p, const char *op)
+/*
+ * Receive one message on p->sock (`flags`: 0 to block up to the socket's
+ * ZMQ_RCVTIMEO, ZMQ_DONTWAIT not to) and deal with it. Ends `p` (done) when
+ * its own reply has come, successfully (*p->reply set) or not (p->err set),
+ * or when the socket failed; a message for another id is counted and
+ * skipped. Returns 1 when nothing arrived, 0 otherwise.
+ */
+static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
 {
     ctl_error *err = p->err;
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, p->sock, flags) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&msg);
+        if (e == EAGAIN || e == EINTR)
+            return 1;
+        ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                           "%s at %s: receive failed: %s", op, p->address,
+                           zmq_strerror(e));
+        finish(c, p, 0);
+        return 0;
+    }
+    if (zmq_msg_more(&msg)) {
+        /* Replies are one frame; a multi-frame message is not ours to
+         * read. Drain the rest, then fail this socket. */
+        while (zmq_msg_more(&msg) && zmq_msg_recv(&msg, p->sock, ZMQ_DONTWAIT) >= 0)
+            ;
+        zmq_msg_close(&msg);
+        ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
+                           "%s at %s: reply has more than one frame", op,
+                           p->address);
+        finish(c, p, 0);
+        return 0;
+    }
+    ctl_reply *r = calloc(1, sizeof *r);
+    if (!r || !msgpack_zone_init(&r->zone, REPLY_ZONE_CHUNK)) {
+        free(r);
+        zmq_msg_close(&msg);
+        ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                           "%s at %s: out of memory for the reply", op,
+                           p->address);
+        finish(c, p, 0);
+        return 0;
+    }
+    r->msg = msg; /* the reply owns the message from here */
+    char why[160];
+    ctl_reply_view v;
+    if (ctl_wire_decode_reply(zmq_msg_data(&r->msg), zmq_msg_size(&r->msg),
+                              &c->opts.limits, &r->zone, &v, why,
+                              sizeof why) != 0) {
+        reply_free(r);
+        ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY, "%s at %s: bad reply: %s",
+                           op, p->address, why);
+        finish(c, p, 0);
+        return 0;
+    }
+    if (v.id.len != ID_LEN || memcmp(v.id.ptr, p->id, ID_LEN) != 0) {
+        /* A reply to something else: an earlier notify the unit
+         * answered, or a peer that mixes ids up. */
+        ctl_pool_count_late(c->pool);
+        p->dirty = 1;
+        reply_free(r);
+        return 0;
+    }
+    if (v.ok) {
+        r->id = v.id;
+        r->result = v.body;
+        *p->reply = r;
+    } else {
+        ctl_error_from_reply(err, p->address, op, &v.body);
+        reply_free(r);
+    }
+    finish(c, p, 1);
+    return 0;
+}
+
+/* End `p` with a timeout. */
+static void time_out(ctl_client *c, pending *p, const char *op, int timeout_ms)
+{
+    ctl_error_transfer(p->err, CTL_CAUSE_TIMEOUT, "%s at %s: no reply within %d ms",
+                       op, p->address, timeout_ms);
+    atomic_fetch_add_explicit(&c->timeouts, 1, memory_order_relaxed);
+    finish(c, p, 0);
+}
+
+/* The reply of a single call: a blocking receive bounded by the time
+ * left (ZMQ_RCVTIMEO) costs fewer system calls than zmq_poll followed by
+ * a receive, which is what a round trip's latency is made of. */
+static void collect_one(ctl_client *c, pending *p, const char *op,
+                        int64_t deadline_ms, int timeout_ms)
+{
     while (!p->done) {
-        ctl_reply *r = calloc(1, sizeof *r);
-        if (!r || !msgpack_zone_init(&r->zone, REPLY_ZONE_CHUNK)) {
-            free(r);
-            ctl_error_transfer(err, CTL_CAUSE_NOMEM,
-                               "%s at %s: out of memory for the reply", op,
-                               p->address);
-            finish(c, p, 0);
-            return;
+        int left = ctl_ms_left(deadline_ms);
+        if (left <= 0) {
+            time_out(c, p, op, timeout_ms);
+            break;
         }
-        zmq_msg_init(&r->msg);
-        if (zmq_msg_recv(&r->msg, p->sock, ZMQ_DONTWAIT) < 0) {
-            int e = zmq_errno();
-            reply_free(r);
-            if (e == EAGAIN || e == EINTR)
-                return; /* nothing more for now */
-            ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
-                               "%s at %s: receive failed: %s", op, p->address,
-                               zmq_strerror(e));
-            finish(c, p, 0);
-            return;
-        }
-        if (zmq_msg_more(&r->msg)) {
-            /* Replies are one frame; a multi-frame message is not ours to
-             * read. Drain the rest, then fail this socket. */
-            while (zmq_msg_more(&r->msg) &&
-                   zmq_msg_recv(&r->msg, p->sock, ZMQ_DONTWAIT) >= 0)
-                ;
-            reply_free(r);
-            ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
-                               "%s at %s: reply has more than one frame", op,
-                               p->address);
-            finish(c, p, 0);
-            return;
-        }
-        char why[160];
-        ctl_reply_view v;
-        if (ctl_wire_decode_reply(zmq_msg_data(&r->msg), zmq_msg_size(&r->msg),
-                                  &c->opts.limits, &r->zone, &v, why,
-                                  sizeof why) != 0) {
-            reply_free(r);
-            ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
-                               "%s at %s: bad reply: %s", op, p->address, why);
-            finish(c, p, 0);
-            return;
-        }
-        if (v.id.len != ID_LEN || memcmp(v.id.ptr, p->id, ID_LEN) != 0) {
-            /* A reply to something else: an earlier notify the unit
-             * answered, or a peer that mixes ids up. */
-            ctl_pool_count_late(c->pool);
-            p->dirty = 1;
-            reply_free(r);
-            continue;
-        }
-        if (v.ok) {
-            r->id = v.id;
-            r->result = v.body;
-            *p->reply = r;
-        } else {
-            ctl_error_from_reply(err, p->address, op, &v.body);
-            reply_free(r);
-        }
-        finish(c, p, 1);
+        zmq_setsockopt(p->sock, ZMQ_RCVTIMEO, &left, sizeof left);
+        recv_one(c, p, op, 0);
     }
 }
 
@@ -443,20 +479,16 @@ static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
             continue;
         if (rc <= 0) {
             /* The deadline (or a broken poll): whoever is left times out. */
-            for (size_t j = 0; j < k; j++) {
-                pending *p = &ps[which[j]];
-                ctl_error_transfer(p->err, CTL_CAUSE_TIMEOUT,
-                                   "%s at %s: no reply within %d ms", op,
-                                   p->address, timeout_ms);
-                atomic_fetch_add_explicit(&c->timeouts, 1,
-                                          memory_order_relaxed);
-                finish(c, p, 0);
-            }
+            for (size_t j = 0; j < k; j++)
+                time_out(c, &ps[which[j]], op, timeout_ms);
             break;
         }
-        for (size_t j = 0; j < k; j++)
+        for (size_t j = 0; j < k; j++) {
+            pending *p = &ps[which[j]];
             if (items[j].revents & ZMQ_POLLIN)
-                on_readable(c, &ps[which[j]], op);
+                while (!p->done && recv_one(c, p, op, ZMQ_DONTWAIT) == 0)
+                    ;
+        }
     }
     if (items != small_items)
         free(items);
@@ -488,7 +520,7 @@ int ctl_client_call_req(ctl_client *client, const char *address,
     pending p = {address, NULL, {0}, 0, 0, reply, e, req};
     int rc = send_request(client, &p, op, deadline, e);
     if (rc == 0)
-        collect(client, &p, 1, op, deadline, tmo);
+        collect_one(client, &p, op, deadline, tmo);
     rc = *reply ? 0 : (e->kind ? (int)e->kind : CTL_TRANSFER);
     ctl_error_fini(&local);
     return rc;

@@ -692,6 +692,78 @@ static void test_destroy_without_close(void **state)
     assert_true(tu_now_ms() - t0 < 1000);
 }
 
+/* ---- holding request bytes past the handler ------------------------- */
+
+typedef struct keeper {
+    ctl_hold *held[2];
+    int n;
+    int outside_refused;
+} keeper;
+
+static int op_keep(void *user, const msgpack_object *args, ctl_req *req)
+{
+    keeper *k = user;
+    ctl_str b;
+    if (!ctl_obj_bin(ctl_obj_get(args, "b"), &b) || k->n == 2)
+        return ctl_req_fail(req, CTL_PROTOCOL, "keep: need a bin 'b'");
+    k->held[k->n++] = ctl_req_hold(req, b);
+    static const char elsewhere[] = "not in the message";
+    k->outside_refused = ctl_req_hold(req, (ctl_str){elsewhere, 5}) == NULL;
+    return 0;
+}
+
+/* A small and a large bin held by a handler read back intact after the
+ * request's message is gone; a view from outside the message is refused. */
+static void test_hold_outlives_the_request(void **state)
+{
+    (void)state;
+    static const ctl_op ops[] = {{"keep", op_keep, 0}};
+    const ctl_service svc = {"keeper", ops, 1};
+    keeper k = {{NULL, NULL}, 0, 0};
+    ctl_server_options so;
+    ctl_server *s = NULL;
+    ctl_client *c = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    ctl_server_options_init(&so);
+    so.endpoint = "tcp://127.0.0.1:*";
+    assert_int_equal(ctl_server_new(&svc, &k, &so, &s, &err), 0);
+    assert_int_equal(ctl_client_new(NULL, &c, &err), 0);
+
+    size_t sizes[2] = {7, (size_t)1 << 20};
+    unsigned char *data[2];
+    for (int i = 0; i < 2; i++) {
+        data[i] = malloc(sizes[i]);
+        for (size_t j = 0; j < sizes[i]; j++)
+            data[i][j] = (unsigned char)(j * 7 + (size_t)i);
+        tu_buf args;
+        tu_buf_init(&args);
+        msgpack_pack_map(&args.pk, 1);
+        tu_pk_str(&args.pk, "b");
+        msgpack_pack_bin_with_body(&args.pk, data[i], sizes[i]);
+        ctl_reply *reply = NULL;
+        assert_int_equal(ctl_client_call(c, ctl_server_endpoint(s), "keep", args.sb.data,
+                                         args.sb.size, 5000, &reply, &err), 0);
+        ctl_reply_destroy(&reply);
+        tu_buf_fini(&args);
+    }
+    ctl_server_destroy(&s); /* every request message is gone from the unit */
+    assert_int_equal(k.n, 2);
+    assert_true(k.outside_refused);
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(k.held[i]);
+        ctl_str v = ctl_hold_view(k.held[i]);
+        assert_int_equal(v.len, sizes[i]);
+        assert_memory_equal(v.ptr, data[i], sizes[i]);
+        ctl_hold_release(&k.held[i]);
+        assert_null(k.held[i]);
+        free(data[i]);
+    }
+    ctl_hold_release(NULL);
+    ctl_client_destroy(&c);
+    ctl_error_fini(&err);
+}
+
 typedef struct bg_call {
     const char *address;
     int sleep_ms;
@@ -845,6 +917,7 @@ int main(void)
         T(test_destroy_without_close),
         T(test_close_while_call_in_flight),
         T(test_stats_count_sends),
+        T(test_hold_outlives_the_request),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

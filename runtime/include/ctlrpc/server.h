@@ -158,6 +158,26 @@ msgpack_packer *ctl_req_packer(ctl_req *req);
  * Aligned for any type. Never free it. */
 void *ctl_req_alloc(ctl_req *req, size_t size);
 
+/*
+ * Keep bytes of the request past the handler without copying them: `view`
+ * is any string or bin of the decoded args (it must lie inside the
+ * request's message). The message is shared by reference (ZeroMQ counts
+ * references to large messages; only a message of a few dozen bytes is
+ * copied), so holding a 1 MiB bin costs no copy. Returns NULL when out of
+ * memory or when `view` is not in the message. The hold is the caller's:
+ * valid, from any thread, until ctl_hold_release. It keeps the whole
+ * request message alive, so hold large values, copy small ones.
+ */
+typedef struct ctl_hold ctl_hold;
+ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view);
+
+/* The held bytes (stable for the hold's life). */
+ctl_str ctl_hold_view(const ctl_hold *hold);
+
+/* Let go of a hold; sets *hold to NULL. Accepts NULL and a pointer to
+ * NULL. */
+void ctl_hold_release(ctl_hold **hold);
+
 /* The op name and the request id of this request (views, valid during the
  * handler call). */
 ctl_str ctl_req_op(const ctl_req *req);
