@@ -158,6 +158,8 @@ int main(int argc, char **argv)
     if (store_new(capacity, spill, &u.store, &err) != 0) {
         fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
         ctl_error_fini(&err);
+        free(allow_ptrs);
+        free(allow);
         return 1;
     }
     storage_handlers h;
