@@ -2,7 +2,8 @@
 
 Every case either passes (status 0, no error printed) or fails cleanly (status 1 with well-formed
 diagnostics); never status 2, never a traceback, never a hang. The seed is fixed, so a failure
-reproduces; its message carries the mutated text.
+reproduces; its message carries the mutated text. $CTLRPC_ROBUST_SEED and $CTLRPC_ROBUST_CASES
+override the seed and the number of cases for longer runs (docs/RELIABILITY.md).
 """
 
 import os
@@ -14,8 +15,8 @@ import unittest
 
 import support
 
-SEED = 20240611
-CASES = 400
+SEED = int(os.environ.get("CTLRPC_ROBUST_SEED", "20240611"))
+CASES = int(os.environ.get("CTLRPC_ROBUST_CASES", "400"))
 TIMEOUT_S = 10
 
 SNIPPETS = [

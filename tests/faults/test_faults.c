@@ -1,0 +1,617 @@
+/*
+ * test_faults.c - the storage service under faults: real ctl-storage-unit
+ * processes (UNIT_BIN) killed, frozen and restarted under live clients,
+ * called through the generated stubs. Issue 6, "Faults":
+ *
+ *   kill_restart   a unit SIGKILLed mid-call (its callers blocked on it),
+ *                  then restarted on the same endpoint: every call fails
+ *                  with a Transfer error within its deadline, then every
+ *                  caller succeeds again, with nothing but correct results
+ *   fd_leak        thousands of failed calls (single and fan-out) against a
+ *                  killed unit leave no socket or file descriptor behind
+ *                  once the retired sockets' grace period is over
+ *   freeze_late    a unit frozen (SIGSTOP) past its callers' deadlines, then
+ *                  resumed (SIGCONT): every late reply is drained and
+ *                  counted, none reaches a later call, and what the late
+ *                  requests did is there
+ *   call_many      one fan-out over units that are fine, frozen and dead:
+ *                  each target gets its own outcome, the batch ends at its
+ *                  deadline; all-fine batches end as soon as all answered
+ *
+ * Each is its own ctest (fault_<name>: the executable takes a cmocka test
+ * filter as its argument). Everything binds and dials 127.0.0.1. Deadlines
+ * carry SLACK_MS for a loaded 2-core machine under ASan: a bound that
+ * fails only says a call took far longer than its deadline.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage.ctl.h"
+#include "testutil.h"
+#include "unitproc.h"
+
+#ifndef UNIT_BIN
+#error "UNIT_BIN (the path of ctl-storage-unit) must be defined"
+#endif
+
+#define START_MS 20000 /* a unit has this long to print its endpoint */
+#define OK_MS 10000    /* deadline of calls that must succeed */
+#define SLACK_MS 2000  /* how late past its deadline a call may end */
+#define MAX_UNITS 6
+
+typedef struct fx {
+    up_unit units[MAX_UNITS];
+    ctl_client *client;
+    ctl_error err;
+} fx;
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    for (int i = 0; i < MAX_UNITS; i++)
+        f->units[i].out_fd = -1;
+    ctl_error_init(&f->err);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    ctl_client_destroy(&f->client);
+    for (int i = 0; i < MAX_UNITS; i++)
+        if (f->units[i].pid > 0)
+            up_stop(&f->units[i], 5000);
+    ctl_error_fini(&f->err);
+    free(f);
+    return 0;
+}
+
+static void start_unit(fx *f, int i, const char *bind)
+{
+    if (up_start(&f->units[i], UNIT_BIN, bind, "64M", START_MS) != 0)
+        fail_msg("cannot start unit %d", i);
+}
+
+static void new_client(fx *f, int late_grace_ms, unsigned max_retired)
+{
+    ctl_client_options o;
+    ctl_client_options_init(&o);
+    o.late_grace_ms = late_grace_ms;
+    o.max_retired = max_retired;
+    if (ctl_client_new(&o, &f->client, &f->err) != 0)
+        fail_msg("ctl_client_new: %s", f->err.msg);
+}
+
+/* `len` bytes that depend on `seed` and the position. */
+static void fill(unsigned char *buf, size_t len, unsigned seed)
+{
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < len; i++) {
+        x = x * 1103515245u + 12345u;
+        buf[i] = (unsigned char)(x >> 16);
+    }
+}
+
+static ctl_str cstr(const char *s)
+{
+    return (ctl_str){s, strlen(s)};
+}
+
+static int put(ctl_client *c, const char *addr, const char *key,
+               const unsigned char *data, size_t len, int timeout_ms,
+               uint64_t *result, ctl_error *err)
+{
+    storage_put_args a;
+    storage_put_args_init(&a);
+    a.key = cstr(key);
+    a.data = (ctl_str){(const char *)data, len};
+    return storage_put(c, addr, &a, timeout_ms, result, err);
+}
+
+/* get(key) must succeed and return exactly `want`. */
+static void get_expect(fx *f, const char *addr, const char *key,
+                       const unsigned char *want, size_t len)
+{
+    ctl_str k = cstr(key);
+    storage_get_args a = {{&k, 1}};
+    storage_list_bin blobs;
+    ctl_reply *reply = NULL;
+    int rc = storage_get(f->client, addr, &a, OK_MS, &blobs, &reply, &f->err);
+    if (rc != 0)
+        fail_msg("get %s at %s: %s", key, addr, f->err.msg);
+    assert_int_equal(blobs.count, 1);
+    assert_int_equal(blobs.items[0].len, len);
+    assert_memory_equal(blobs.items[0].ptr, want, len);
+    ctl_reply_destroy(&reply);
+}
+
+static void stats_ok(fx *f, const char *addr, storage_UnitStats *out)
+{
+    ctl_reply *reply = NULL;
+    if (storage_stats(f->client, addr, OK_MS, out, &reply, &f->err) != 0)
+        fail_msg("stats at %s: %s", addr, f->err.msg);
+    ctl_reply_destroy(&reply);
+}
+
+/* ---- kill_restart ------------------------------------------------------ */
+
+enum { PH_RUN, PH_DEAD, PH_RESTARTED, PH_SETTLED, PH_STOP };
+
+#define CALLERS 4
+#define CALL_MS 2000 /* every call's deadline in kill_restart */
+
+typedef struct caller {
+    ctl_client *client;
+    const char *address;
+    _Atomic int *phase;
+    int index;
+    /* results, read after join */
+    int calls, bad_result, bad_kind, too_slow, fail_in_run, fail_settled;
+    int fails_dead;         /* failures of calls that ended after the kill */
+    atomic_int ok_restarted; /* successes of calls started after restart */
+    int64_t slowest_fail_ms;
+} caller;
+
+static void *caller_main(void *arg)
+{
+    caller *c = arg;
+    unsigned char data[600];
+    char key[32];
+    ctl_error err;
+    ctl_error_init(&err);
+    snprintf(key, sizeof key, "caller-%d", c->index);
+    for (unsigned n = 0; atomic_load(c->phase) != PH_STOP; n++) {
+        size_t len = 1 + (n * 37 + (unsigned)c->index) % sizeof data;
+        fill(data, len, n);
+        int start = atomic_load(c->phase);
+        int64_t t0 = tu_now_ms();
+        uint64_t got = 0;
+        int rc = put(c->client, c->address, key, data, len, CALL_MS, &got, &err);
+        int64_t took = tu_now_ms() - t0;
+        int end = atomic_load(c->phase);
+        c->calls++;
+        if (rc == 0) {
+            c->bad_result += got != len;
+            if (start >= PH_RESTARTED)
+                atomic_fetch_add(&c->ok_restarted, 1);
+            continue;
+        }
+        if (rc != CTL_TRANSFER) {
+            fprintf(stderr, "caller %d: unexpected %s: %s\n", c->index,
+                    ctl_kind_name((ctl_kind)rc), err.msg);
+            c->bad_kind++;
+        }
+        if (took > c->slowest_fail_ms)
+            c->slowest_fail_ms = took;
+        c->too_slow += took > CALL_MS + SLACK_MS;
+        c->fail_in_run += start == PH_RUN && end == PH_RUN;
+        c->fail_settled += start >= PH_SETTLED;
+        c->fails_dead += end >= PH_DEAD;
+    }
+    ctl_error_fini(&err);
+    return NULL;
+}
+
+static void test_kill_restart(void **state)
+{
+    fx *f = *state;
+    start_unit(f, 0, NULL);
+    new_client(f, 200, 64);
+    char endpoint[CTL_ENDPOINT_MAX];
+    snprintf(endpoint, sizeof endpoint, "%s", f->units[0].endpoint);
+
+    _Atomic int phase = PH_RUN;
+    caller callers[CALLERS];
+    pthread_t threads[CALLERS];
+    for (int i = 0; i < CALLERS; i++) {
+        memset(&callers[i], 0, sizeof callers[i]);
+        callers[i] = (caller){.client = f->client, .address = endpoint,
+                              .phase = &phase, .index = i};
+        atomic_init(&callers[i].ok_restarted, 0);
+        assert_int_equal(pthread_create(&threads[i], NULL, caller_main, &callers[i]), 0);
+    }
+    tu_sleep_ms(500);
+
+    /* Mid-call: frozen first, so every caller is blocked on it when it
+     * dies. */
+    atomic_store(&phase, PH_DEAD);
+    assert_int_equal(up_freeze(&f->units[0]), 0);
+    tu_sleep_ms(300);
+    up_kill(&f->units[0]);
+    tu_sleep_ms(2 * CALL_MS);
+
+    start_unit(f, 0, endpoint);
+    assert_string_equal(f->units[0].endpoint, endpoint);
+    atomic_store(&phase, PH_RESTARTED);
+    int64_t deadline = tu_now_ms() + 20000;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < CALLERS; i++)
+            all &= atomic_load(&callers[i].ok_restarted) > 0;
+        if (all)
+            break;
+        if (tu_now_ms() > deadline)
+            fail_msg("not every caller succeeded within 20 s of the restart");
+        tu_sleep_ms(20);
+    }
+    atomic_store(&phase, PH_SETTLED);
+    tu_sleep_ms(1000);
+    atomic_store(&phase, PH_STOP);
+    for (int i = 0; i < CALLERS; i++)
+        pthread_join(threads[i], NULL);
+
+    int calls = 0;
+    int64_t slowest = 0;
+    for (int i = 0; i < CALLERS; i++) {
+        caller *c = &callers[i];
+        calls += c->calls;
+        if (c->slowest_fail_ms > slowest)
+            slowest = c->slowest_fail_ms;
+        assert_int_equal(c->bad_result, 0);
+        assert_int_equal(c->bad_kind, 0);
+        assert_int_equal(c->too_slow, 0);
+        assert_int_equal(c->fail_in_run, 0);
+        assert_int_equal(c->fail_settled, 0);
+        assert_true(c->fails_dead >= 1); /* it did see the unit die */
+    }
+    ctl_client_stats cs;
+    ctl_client_stats_get(f->client, &cs);
+    printf("kill_restart: %d calls; %llu timed out (slowest failure %lld ms, "
+           "deadline %d ms)\n", calls, (unsigned long long)cs.timeouts,
+           (long long)slowest, CALL_MS);
+    /* The restarted unit has the data of the calls made after it started. */
+    unsigned char data[16];
+    fill(data, sizeof data, 7);
+    assert_int_equal(put(f->client, endpoint, "after", data, sizeof data, OK_MS,
+                         NULL, &f->err), 0);
+    get_expect(f, endpoint, "after", data, sizeof data);
+}
+
+/* ---- fd_leak ----------------------------------------------------------- */
+
+#define GRACE_MS 100
+#define SINGLE_FAILS 500
+#define FAN 50
+#define FAN_BATCHES 50
+
+/* Wait until this process has at most `want` fds (sockets close on
+ * libzmq's reaper thread, a moment after zmq_close); returns the last
+ * count. */
+static int fds_settle(int want, int timeout_ms)
+{
+    int64_t end = tu_now_ms() + timeout_ms;
+    int n = up_count_fds(0);
+    while (n > want && tu_now_ms() < end) {
+        tu_sleep_ms(20);
+        n = up_count_fds(0);
+    }
+    return n;
+}
+
+static void test_fd_leak(void **state)
+{
+    fx *f = *state;
+    start_unit(f, 0, NULL);
+    new_client(f, GRACE_MS, 64);
+    char endpoint[CTL_ENDPOINT_MAX];
+    snprintf(endpoint, sizeof endpoint, "%s", f->units[0].endpoint);
+    unsigned char data[64];
+    fill(data, sizeof data, 1);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(put(f->client, endpoint, "k", data, sizeof data, OK_MS,
+                             NULL, &f->err), 0);
+    tu_sleep_ms(200);
+    int before = up_count_fds(0);
+    ctl_client_stats s0;
+    ctl_client_stats_get(f->client, &s0);
+
+    up_kill(&f->units[0]);
+    int failed = 0, peak = before;
+    for (int i = 0; i < SINGLE_FAILS; i++) {
+        int rc = put(f->client, endpoint, "k", data, sizeof data, 2, NULL, &f->err);
+        assert_int_equal(rc, CTL_TRANSFER);
+        failed++;
+    }
+    const char *addrs[FAN];
+    storage_put_args args[FAN];
+    storage_put_outcome out[FAN];
+    for (int i = 0; i < FAN; i++) {
+        addrs[i] = endpoint;
+        storage_put_args_init(&args[i]);
+        args[i].key = cstr("k");
+        args[i].data = (ctl_str){(const char *)data, sizeof data};
+    }
+    for (int b = 0; b < FAN_BATCHES; b++) {
+        int rc = storage_put_many(f->client, addrs, args, FAN, 10, out);
+        assert_int_equal(rc, FAN);
+        for (int i = 0; i < FAN; i++)
+            assert_int_equal(out[i].error.kind, CTL_TRANSFER);
+        storage_put_outcomes_fini(out, FAN);
+        failed += FAN;
+        int n = up_count_fds(0);
+        if (n > peak)
+            peak = n;
+    }
+
+    /* The unit comes back; once the grace period is over the next calls
+     * close every retired socket. */
+    start_unit(f, 0, endpoint);
+    tu_sleep_ms(GRACE_MS + 50);
+    int64_t deadline = tu_now_ms() + 20000;
+    while (put(f->client, endpoint, "k", data, sizeof data, 1000, NULL, &f->err) != 0)
+        if (tu_now_ms() > deadline)
+            fail_msg("the restarted unit does not answer: %s", f->err.msg);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(put(f->client, endpoint, "k", data, sizeof data, OK_MS,
+                             NULL, &f->err), 0);
+    /* Failed attempts above may still be in their grace period. */
+    tu_sleep_ms(GRACE_MS + 50);
+    assert_int_equal(put(f->client, endpoint, "k", data, sizeof data, OK_MS,
+                         NULL, &f->err), 0);
+    int after = fds_settle(before, 5000);
+    ctl_client_stats s1;
+    ctl_client_stats_get(f->client, &s1);
+    printf("fd_leak: %d failed calls; fds %d before, peak %d, %d after; "
+           "sockets opened %llu, closed %llu, retired %llu\n", failed, before,
+           peak, after, (unsigned long long)(s1.sockets_opened - s0.sockets_opened),
+           (unsigned long long)(s1.sockets_closed - s0.sockets_closed),
+           (unsigned long long)(s1.sockets_retired - s0.sockets_retired));
+    assert_true(failed >= 3000);
+    assert_true(after <= before);
+    /* Every socket the failures opened was closed: what is left open is
+     * what the pool keeps idle (the calls above are sequential: one). */
+    assert_true(s1.sockets_opened - s1.sockets_closed <= 2);
+    assert_true(s1.sockets_retired - s0.sockets_retired >= (uint64_t)failed);
+}
+
+/* ---- freeze_late ------------------------------------------------------- */
+
+#define LATE_THREADS 8
+#define LATE_PER_THREAD 5
+#define LATE_KEYS (LATE_THREADS * LATE_PER_THREAD)
+#define LATE_MS 300
+
+typedef struct late_caller {
+    fx *f;
+    const char *address;
+    int index;
+    int rc[LATE_PER_THREAD];
+    ctl_cause cause[LATE_PER_THREAD];
+    int64_t took[LATE_PER_THREAD];
+} late_caller;
+
+static void late_value(int key, unsigned char *buf, size_t *len)
+{
+    *len = 100 + (size_t)key * 7;
+    fill(buf, *len, 1000u + (unsigned)key);
+}
+
+static void *late_main(void *arg)
+{
+    late_caller *c = arg;
+    ctl_error err;
+    ctl_error_init(&err);
+    for (int j = 0; j < LATE_PER_THREAD; j++) {
+        int k = c->index * LATE_PER_THREAD + j;
+        char key[16];
+        unsigned char data[512];
+        size_t len;
+        snprintf(key, sizeof key, "k%d", k);
+        late_value(k, data, &len);
+        int64_t t0 = tu_now_ms();
+        c->rc[j] = put(c->f->client, c->address, key, data, len, LATE_MS, NULL, &err);
+        c->took[j] = tu_now_ms() - t0;
+        c->cause[j] = err.cause;
+    }
+    ctl_error_fini(&err);
+    return NULL;
+}
+
+static void test_freeze_late(void **state)
+{
+    fx *f = *state;
+    start_unit(f, 0, NULL);
+    new_client(f, 30000, 2 * LATE_KEYS);
+    const char *addr = f->units[0].endpoint;
+    unsigned char first[8] = "original";
+    char key[16];
+    for (int k = 0; k < LATE_KEYS; k++) {
+        snprintf(key, sizeof key, "k%d", k);
+        assert_int_equal(put(f->client, addr, key, first, sizeof first, OK_MS,
+                             NULL, &f->err), 0);
+    }
+
+    assert_int_equal(up_freeze(&f->units[0]), 0);
+    late_caller lc[LATE_THREADS];
+    pthread_t th[LATE_THREADS];
+    for (int i = 0; i < LATE_THREADS; i++) {
+        lc[i] = (late_caller){.f = f, .address = addr, .index = i};
+        assert_int_equal(pthread_create(&th[i], NULL, late_main, &lc[i]), 0);
+    }
+    for (int i = 0; i < LATE_THREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < LATE_THREADS; i++)
+        for (int j = 0; j < LATE_PER_THREAD; j++) {
+            assert_int_equal(lc[i].rc[j], CTL_TRANSFER);
+            assert_int_equal(lc[i].cause[j], CTL_CAUSE_TIMEOUT);
+            assert_true(lc[i].took[j] >= LATE_MS - 5);
+            assert_true(lc[i].took[j] <= LATE_MS + SLACK_MS);
+        }
+    ctl_client_stats cs;
+    ctl_client_stats_get(f->client, &cs);
+    assert_int_equal(cs.timeouts, LATE_KEYS);
+    assert_int_equal(cs.late_replies, 0);
+
+    /* Resumed: it answers all 40 to sockets retired long ago. Every later
+     * call (each lend drains the retired sockets) must get its own reply. */
+    assert_int_equal(up_thaw(&f->units[0]), 0);
+    int64_t deadline = tu_now_ms() + 20000;
+    uint64_t last_requests = 0;
+    do {
+        storage_UnitStats st;
+        stats_ok(f, addr, &st);
+        assert_true(st.requests > last_requests); /* its own, fresh reply */
+        last_requests = st.requests;
+        ctl_client_stats_get(f->client, &cs);
+        if (cs.late_replies >= LATE_KEYS)
+            break;
+        tu_sleep_ms(20);
+    } while (tu_now_ms() < deadline);
+    assert_int_equal(cs.late_replies, LATE_KEYS);
+
+    /* What the late puts did is there, each reply is the one asked for. */
+    for (int k = 0; k < LATE_KEYS; k++) {
+        unsigned char want[512];
+        size_t len;
+        late_value(k, want, &len);
+        snprintf(key, sizeof key, "k%d", k);
+        get_expect(f, addr, key, want, len);
+    }
+    for (int n = 0; n < 200; n++) {
+        unsigned char data[300];
+        size_t len = 1 + (size_t)(n * 13) % sizeof data;
+        uint64_t got = 0;
+        fill(data, len, 5000u + (unsigned)n);
+        snprintf(key, sizeof key, "k%d", n % LATE_KEYS);
+        assert_int_equal(put(f->client, addr, key, data, len, OK_MS, &got,
+                             &f->err), 0);
+        assert_int_equal(got, len);
+        get_expect(f, addr, key, data, len);
+    }
+    storage_UnitStats st;
+    stats_ok(f, addr, &st);
+    ctl_client_stats_get(f->client, &cs);
+    assert_int_equal(cs.late_replies, LATE_KEYS); /* no more since */
+    assert_int_equal(cs.timeouts, LATE_KEYS);
+    /* Every request the client sent was served, the late ones included. */
+    assert_int_equal(st.requests, cs.calls);
+    assert_int_equal(st.dropped, 0);
+    printf("freeze_late: %d calls timed out, %llu late replies dropped and "
+           "counted, %llu calls in all\n", LATE_KEYS,
+           (unsigned long long)cs.late_replies, (unsigned long long)cs.calls);
+}
+
+/* ---- call_many --------------------------------------------------------- */
+
+#define BATCH_MS 800
+#define TARGETS 7
+
+static void test_call_many(void **state)
+{
+    fx *f = *state;
+    /* 0, 1 fine; 2, 3 frozen; 4, 5 dead. */
+    for (int i = 0; i < 6; i++)
+        start_unit(f, i, NULL);
+    new_client(f, 30000, 64);
+    char dead[2][CTL_ENDPOINT_MAX];
+    for (int i = 0; i < 2; i++) {
+        snprintf(dead[i], sizeof dead[i], "%s", f->units[4 + i].endpoint);
+        up_kill(&f->units[4 + i]);
+    }
+    assert_int_equal(up_freeze(&f->units[2]), 0);
+    assert_int_equal(up_freeze(&f->units[3]), 0);
+
+    /* fine, frozen, dead, fine, frozen, dead, fine again */
+    const char *addrs[TARGETS] = {f->units[0].endpoint, f->units[2].endpoint,
+                                  dead[0], f->units[1].endpoint,
+                                  f->units[3].endpoint, dead[1],
+                                  f->units[0].endpoint};
+    const int ok[TARGETS] = {1, 0, 0, 1, 0, 0, 1};
+    unsigned char data[TARGETS][64];
+    storage_put_args args[TARGETS];
+    storage_put_outcome out[TARGETS];
+    char keys[TARGETS][8];
+    for (int i = 0; i < TARGETS; i++) {
+        snprintf(keys[i], sizeof keys[i], "t%d", i);
+        fill(data[i], 10 + (size_t)i, (unsigned)i);
+        storage_put_args_init(&args[i]);
+        args[i].key = cstr(keys[i]);
+        args[i].data = (ctl_str){(const char *)data[i], 10 + (size_t)i};
+    }
+    int64_t t0 = tu_now_ms();
+    int failed = storage_put_many(f->client, addrs, args, TARGETS, BATCH_MS, out);
+    int64_t took = tu_now_ms() - t0;
+    printf("call_many: mixed batch of %d ended after %lld ms (deadline %d ms)\n",
+           TARGETS, (long long)took, BATCH_MS);
+    assert_int_equal(failed, 4);
+    assert_true(took >= BATCH_MS - 5);
+    assert_true(took <= BATCH_MS + SLACK_MS);
+    for (int i = 0; i < TARGETS; i++) {
+        if (ok[i]) {
+            if (out[i].error.kind != CTL_OK)
+                fail_msg("target %d: %s", i, out[i].error.msg);
+            assert_int_equal(out[i].result, 10 + i);
+        } else {
+            assert_int_equal(out[i].error.kind, CTL_TRANSFER);
+            assert_int_equal(out[i].error.cause, CTL_CAUSE_TIMEOUT);
+            assert_non_null(strstr(out[i].error.msg, addrs[i]));
+        }
+    }
+    storage_put_outcomes_fini(out, TARGETS);
+
+    /* All fine: the batch ends when the last reply is in. */
+    const char *fine[3] = {f->units[0].endpoint, f->units[1].endpoint,
+                           f->units[0].endpoint};
+    t0 = tu_now_ms();
+    failed = storage_put_many(f->client, fine, args, 3, 4 * OK_MS, out);
+    took = tu_now_ms() - t0;
+    assert_int_equal(failed, 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(out[i].result, 10 + i);
+    storage_put_outcomes_fini(out, 3);
+    printf("call_many: all-fine batch ended after %lld ms (deadline %d ms)\n",
+           (long long)took, 4 * OK_MS);
+    assert_true(took < OK_MS);
+
+    /* The frozen units resume: their answers to the first batch are late
+     * (counted, dropped); a new batch gets its own replies. */
+    assert_int_equal(up_thaw(&f->units[2]), 0);
+    assert_int_equal(up_thaw(&f->units[3]), 0);
+    const char *four[4] = {f->units[0].endpoint, f->units[2].endpoint,
+                           f->units[1].endpoint, f->units[3].endpoint};
+    ctl_client_stats cs;
+    int64_t deadline = tu_now_ms() + 20000;
+    for (;;) {
+        storage_put_args again[4];
+        for (int i = 0; i < 4; i++) {
+            again[i] = args[i];
+            again[i].data.len = 20 + (size_t)i;
+        }
+        failed = storage_put_many(f->client, four, again, 4, OK_MS, out);
+        assert_int_equal(failed, 0);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(out[i].result, 20 + i);
+        storage_put_outcomes_fini(out, 4);
+        ctl_client_stats_get(f->client, &cs);
+        if (cs.late_replies >= 2 || tu_now_ms() > deadline)
+            break;
+        tu_sleep_ms(20);
+    }
+    assert_int_equal(cs.late_replies, 2);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_kill_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fd_leak, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_freeze_late, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_call_many, setup, teardown),
+    };
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
