@@ -224,12 +224,26 @@ static int one_address(const cli *c, const char *cmd)
     return usage_error("%s takes exactly one --address", cmd);
 }
 
-/* The keys named on the command line, as a typed list. */
-static storage_list_str keys_of(char **argv, int argc, ctl_str *buf)
+/*
+ * The KEY... arguments of a command that takes keys and one address: 0
+ * with *keys viewing argv through *buf (the caller frees *buf), or the
+ * exit status of a usage error or a failed allocation.
+ */
+static int keys_of(const cli *c, int argc, char **argv, const char *cmd,
+                   ctl_str **buf, storage_list_str *keys)
 {
-    for (int i = 0; i < argc; i++)
-        buf[i] = ctl_str_c(argv[i]);
-    return (storage_list_str){buf, (size_t)argc};
+    if (argc < 2)
+        return usage_error("usage: %s KEY...", cmd);
+    int rc = one_address(c, cmd);
+    if (rc)
+        return rc;
+    *buf = calloc((size_t)argc, sizeof **buf);
+    if (!*buf)
+        return EXIT_LOCAL;
+    for (int i = 1; i < argc; i++)
+        (*buf)[i - 1] = ctl_str_c(argv[i]);
+    *keys = (storage_list_str){*buf, (size_t)(argc - 1)};
+    return 0;
 }
 
 /* ---- files ----------------------------------------------------------- */
@@ -334,13 +348,13 @@ static int cmd_get(cli *c, int argc, char **argv)
     }
     if (argc - optind < 1)
         return usage_error("usage: get KEY... [-o FILE]");
-    int rc = one_address(c, "get");
+    /* getopt moved the keys to the end: argv[optind - 1] stands in for the
+     * command name keys_of skips. */
+    ctl_str *buf = NULL;
+    storage_get_args a;
+    int rc = keys_of(c, argc - optind + 1, argv + optind - 1, "get", &buf, &a.keys);
     if (rc)
         return rc;
-    ctl_str *buf = calloc((size_t)(argc - optind), sizeof *buf);
-    if (!buf)
-        return EXIT_LOCAL;
-    storage_get_args a = {keys_of(argv + optind, argc - optind, buf)};
     storage_list_bin blobs = {NULL, 0};
     ctl_reply *reply = NULL;
     ctl_error err;
@@ -390,15 +404,11 @@ static int cmd_get(cli *c, int argc, char **argv)
 
 static int cmd_describe(cli *c, int argc, char **argv)
 {
-    if (argc < 2)
-        return usage_error("usage: describe KEY...");
-    int rc = one_address(c, "describe");
+    ctl_str *buf = NULL;
+    storage_describe_args a;
+    int rc = keys_of(c, argc, argv, "describe", &buf, &a.keys);
     if (rc)
         return rc;
-    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
-    if (!buf)
-        return EXIT_LOCAL;
-    storage_describe_args a = {keys_of(argv + 1, argc - 1, buf)};
     storage_list_BlobInfo infos = {NULL, 0};
     ctl_reply *reply = NULL;
     ctl_error err;
@@ -433,15 +443,11 @@ static int cmd_describe(cli *c, int argc, char **argv)
 /* pin and delete: keys in, a count out. */
 static int cmd_count(cli *c, int argc, char **argv, const char *cmd)
 {
-    if (argc < 2)
-        return usage_error("usage: %s KEY...", cmd);
-    int rc = one_address(c, cmd);
+    ctl_str *buf = NULL;
+    storage_list_str keys;
+    int rc = keys_of(c, argc, argv, cmd, &buf, &keys);
     if (rc)
         return rc;
-    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
-    if (!buf)
-        return EXIT_LOCAL;
-    storage_list_str keys = keys_of(argv + 1, argc - 1, buf);
     uint64_t n = 0;
     ctl_error err;
     ctl_error_init(&err);
@@ -467,15 +473,11 @@ static int cmd_count(cli *c, int argc, char **argv, const char *cmd)
 /* unpin and abort: notify ops, nothing comes back. */
 static int cmd_notify(cli *c, int argc, char **argv, const char *cmd)
 {
-    if (argc < 2)
-        return usage_error("usage: %s KEY...", cmd);
-    int rc = one_address(c, cmd);
+    ctl_str *buf = NULL;
+    storage_list_str keys;
+    int rc = keys_of(c, argc, argv, cmd, &buf, &keys);
     if (rc)
         return rc;
-    ctl_str *buf = calloc((size_t)argc, sizeof *buf);
-    if (!buf)
-        return EXIT_LOCAL;
-    storage_list_str keys = keys_of(argv + 1, argc - 1, buf);
     ctl_error err;
     ctl_error_init(&err);
     if (strcmp(cmd, "unpin") == 0) {
