@@ -73,10 +73,15 @@ static int op_touch(void *user, const msgpack_object *args, ctl_req *req)
 }
 
 static const ctl_op kv_ops[] = {
-    {"echo", op_echo, 0},   {"put", op_put, 0},   {"delete", op_delete, 0},
-    {"get", op_get, 0},     {"slow", op_slow, 0}, {"touch", op_touch, CTL_OP_NOREPLY},
+    {.name = "echo", .handler = op_echo},
+    {.name = "put", .handler = op_put},
+    {.name = "delete", .handler = op_delete},
+    {.name = "get", .handler = op_get},
+    {.name = "slow", .handler = op_slow},
+    {.name = "touch", .handler = op_touch, .flags = CTL_OP_NOREPLY},
 };
-static const ctl_service kv = {"kv", kv_ops, sizeof kv_ops / sizeof kv_ops[0]};
+static const ctl_service kv = {.name = "kv", .ops = kv_ops,
+    .op_count = sizeof kv_ops / sizeof kv_ops[0]};
 
 /* Pack {"size": n} into `sb`. */
 static void pack_size(msgpack_sbuffer *sb, uint64_t n)

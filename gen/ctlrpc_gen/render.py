@@ -10,7 +10,12 @@ as template filters and globals, never by building C in Python:
   and named `<service>__...` (double underscore).
 - C spellings of values: integer literals with their width (`UINT64_C(5)`), strings escaped for
   C (octal escapes for anything outside printable ASCII, so a `??` trigraph or a `*/` cannot
-  appear), and doc comments made safe to sit inside `/* */`.
+  appear), defaults as brace initializers (constant expressions, so they can initialize the
+  static defaults the runtime compares against and the `<SVC>_<NAME>_INIT` macros), and doc
+  comments made safe to sit inside `/* */`.
+- Type descriptors: each list, map, optional and record type has one constant `ctl_type`
+  (`<service>__t_<fragment>`), each op one `ctl_op_desc` (`<service>__op_<op>`); `tref` names
+  the descriptor of a type (`&ctl_type_u64` for scalars).
 
 Outputs are deterministic (no timestamps, no absolute paths) and written only when their bytes
 change, so a build that regenerates without a change does not recompile.
@@ -29,8 +34,8 @@ from .diag import FatalError
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
-# Bump together with CTL_GEN_ABI in runtime/include/ctlrpc/ctlrpc.h.
-GEN_ABI = 1
+# Bump together with CTL_GEN_ABI in runtime/include/ctlrpc/gen.h.
+GEN_ABI = 2
 
 _SCALAR_C = {
     "bool": "bool",
@@ -63,11 +68,12 @@ class Renderer:
         f["ctype"] = self.ctype
         f["tname"] = self.tname
         f["decl"] = self.decl
-        f["c_value"] = self.c_value
+        f["init_value"] = self.init_value
         f["c_string"] = c_string
         f["comment"] = comment_text
         f["display"] = self.display
-        f["not_default"] = self.not_default
+        f["tref"] = self.tref
+        f["macro"] = macro_name
         g = self.env.globals
         g["m"] = m
         g["svc"] = self.svc
@@ -75,6 +81,7 @@ class Renderer:
         g["GEN_ABI"] = GEN_ABI
         g["isinstance"] = isinstance
         g["has_views"] = has_views
+        g["initializers"] = self.initializers
 
     # -- names ----------------------------------------------------------------------------
 
@@ -115,46 +122,53 @@ class Renderer:
             return os.path.basename(path)
         return path.replace(os.sep, "/")
 
+    def tref(self, t: m.Type) -> str:
+        """A pointer to the descriptor of `t`: the runtime's for scalars, the generated one's
+        for the rest."""
+        if isinstance(t, m.Scalar):
+            return f"&ctl_type_{t.name}"
+        return f"&{self.svc}__t_{self.tname(t)}"
+
     # -- values ---------------------------------------------------------------------------
 
-    def c_value(self, v: m.Value, t: m.Type) -> str:
-        """A C expression of type `ctype(t)` for the default `v`."""
+    def init_value(self, v: m.Value, t: m.Type) -> str:
+        """A brace initializer of `ctype(t)` for the default `v` (a constant expression)."""
         if isinstance(t, m.OptionalOf):
             if v.kind == "null":
-                if isinstance(t.inner, m.RecordRef):
-                    return "NULL"
-                return f"({self.ctype(t)}){{0}}"
+                return "NULL" if isinstance(t.inner, m.RecordRef) else "{0}"
             if isinstance(t.inner, m.RecordRef):
                 raise AssertionError("records have no literal defaults")
-            return f"({self.ctype(t)}){{true, {self.c_value(v, t.inner)}}}"
+            return f"{{true, {self.init_value(v, t.inner)}}}"
         if isinstance(t, (m.ListOf, m.MapOf)):
-            return f"({self.ctype(t)}){{NULL, 0}}"
+            return "{NULL, 0}"
         if isinstance(t, m.Scalar):
+            if t.name in ("str", "bin"):
+                data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
+                return f"{{{c_string(data)}, {len(data)}}}"
             return scalar_literal(v, t.name)
         raise AssertionError(f"no literal for {t.idl}")
 
-    def not_default(self, expr: str, v: m.Value, t: m.Type) -> str:
-        """A C condition: the member `expr` does not hold the default `v`."""
-        if isinstance(t, m.OptionalOf):
-            if isinstance(t.inner, m.RecordRef):
-                return f"{expr} != NULL"
-            if v.kind == "null":
-                return f"{expr}.present"
-            return f"(!{expr}.present || {self.not_default(expr + '.value', v, t.inner)})"
-        if isinstance(t, (m.ListOf, m.MapOf)):
-            return f"{expr}.count != 0"
-        if t.name in ("str", "bin"):
-            data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
-            if not data:
-                return f"{expr}.len != 0"
-            return (f"({expr}.len != {len(data)} || "
-                    f"memcmp({expr}.ptr, {c_string(data)}, {len(data)}) != 0)")
-        if t.name == "bool":
-            return f"!{expr}" if v.value else f"{expr}"
-        if t.name == "f64":
-            # Compared bit for bit: -0.0 and NaN payloads are sent as given.
-            return f"memcmp(&{expr}, &(double){{{scalar_literal(v, t.name)}}}, sizeof(double)) != 0"
-        return f"{expr} != {scalar_literal(v, t.name)}"
+    def initializers(self, members) -> List[tuple]:
+        """(member name, initializer) for the members of a record or args struct that do not
+        start at zero: defaults the IDL spells out, and records held by value whose own fields
+        have defaults (their `_INIT` macro)."""
+        out = []
+        for mem in members:
+            if mem.default_written:
+                out.append((mem.name, self.init_value(mem.default, mem.type)))
+            elif isinstance(mem.type, m.RecordRef) and self.record_has_defaults(mem.type.name):
+                out.append((mem.name, macro_name(f"{self.svc}_{mem.type.name}_INIT")))
+        return out
+
+    def record_has_defaults(self, name: str, seen: frozenset = frozenset()) -> bool:
+        """Whether a record's `_INIT` sets anything (a record held by value cannot contain
+        itself, but `seen` keeps the walk finite whatever the model)."""
+        if name in seen:
+            return False
+        return any(f.default_written
+                   or (isinstance(f.type, m.RecordRef)
+                       and self.record_has_defaults(f.type.name, seen | {name}))
+                   for f in self.model.record(name).fields)
 
     # -- output ---------------------------------------------------------------------------
 
@@ -180,6 +194,12 @@ class Renderer:
             text = self.env.get_template(template).render(**ctx)
             paths.append(write_if_changed(os.path.join(out_dir, name), text))
         return paths
+
+
+def macro_name(name: str) -> str:
+    """A C macro name: the identifier in upper case (`storage_put_ARGS_INIT` ->
+    `STORAGE_PUT_ARGS_INIT`). Names never differ only in case (check), so these stay unique."""
+    return name.upper()
 
 
 def has_views(t: Optional[m.Type]) -> bool:
@@ -210,8 +230,7 @@ def scalar_literal(v: m.Value, name: str) -> str:
         if not any(ch in text for ch in ".e"):
             text += ".0"
         return text
-    data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
-    return f"(ctl_str){{{c_string(data)}, {len(data)}}}"
+    raise AssertionError(f"no scalar literal for {name}")
 
 
 def c_string(data) -> str:

@@ -8,10 +8,12 @@
  * receive bounded by its deadline (the fewest system calls per round
  * trip), a fan-out polls all its sockets until its one deadline.
  *
- * A request is packed into a fresh buffer that ZeroMQ takes over without a
- * copy (zmq_msg_init_data). A reply is received into a zmq_msg_t that the
- * ctl_reply handle keeps, and decoded into the handle's own zone; the
- * result's strings and bins point into that message.
+ * What a message means is decided by the call core (call.c): this file
+ * lends sockets, sends, waits and retires. A request is framed in place
+ * (ctl_frame) into a buffer that ZeroMQ takes over without a copy. A reply
+ * is received into a zmq_msg_t kept in the ctl_reply handle's tail and
+ * decoded into the handle's own zone; the result's strings and bins point
+ * into that message.
  *
  * Request ids are 12 lowercase hex digits, as the reference design uses,
  * drawn from a per-client counter that starts at a random point: unique
@@ -32,13 +34,11 @@
 #include <zmq.h>
 
 #include "ctlrpc/curve.h"
+#include "call_int.h"
 #include "client_int.h"
 #include "pool_int.h"
+#include "transport_int.h"
 #include "util_int.h"
-#include "wire_int.h"
-
-#define ID_LEN 12
-#define REPLY_ZONE_CHUNK 1024
 
 struct ctl_client {
     void *ctx;
@@ -51,32 +51,25 @@ struct ctl_client {
     _Atomic uint64_t timeouts;
 };
 
-struct ctl_reply {
-    zmq_msg_t msg;
-    msgpack_zone zone;
-    ctl_str id;
-    msgpack_object result;
-};
-
 /* One request of a call or a fan-out. */
 typedef struct pending {
     const char *address;
     void *sock;
-    char id[ID_LEN + 1];
+    char id[CTL_ID_LEN + 1];
     int dirty; /* saw a message for another id: never return to the pool */
     int done;
     ctl_reply **reply; /* where the reply goes on success */
     ctl_error *err;    /* where the failure goes */
-    ctl_request *req;  /* the packed request, consumed by send_request */
+    ctl_frame *req;    /* the packed request, consumed by send_request */
 } pending;
 
 void ctl_client_options_init(ctl_client_options *opts)
 {
     memset(opts, 0, sizeof *opts);
-    opts->default_timeout_ms = 30000;
-    opts->late_grace_ms = 1000;
-    opts->max_idle_per_address = 16;
-    opts->max_retired = 64;
+    opts->default_timeout_ms = CTL_DEFAULT_TIMEOUT_MS;
+    opts->late_grace_ms = CTL_DEFAULT_LATE_GRACE_MS;
+    opts->max_idle_per_address = CTL_DEFAULT_MAX_IDLE_PER_ADDRESS;
+    opts->max_retired = CTL_DEFAULT_MAX_RETIRED;
 }
 
 /* Check the client's CURVE keys and copy them into the pool options. */
@@ -130,9 +123,9 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
                              "client: default_timeout_ms %d is negative", bad);
     }
     if (c->opts.max_idle_per_address == 0)
-        c->opts.max_idle_per_address = 16;
+        c->opts.max_idle_per_address = CTL_DEFAULT_MAX_IDLE_PER_ADDRESS;
     if (c->opts.max_retired == 0)
-        c->opts.max_retired = 64;
+        c->opts.max_retired = CTL_DEFAULT_MAX_RETIRED;
     c->opts.limits = ctl_limits_resolve(&c->opts.limits);
 
     c->ctx = c->opts.zmq_context;
@@ -188,32 +181,21 @@ void ctl_client_destroy(ctl_client **client)
     *client = NULL;
 }
 
-static void new_id(ctl_client *c, char out[ID_LEN + 1])
+static void new_id(ctl_client *c, char out[CTL_ID_LEN + 1])
 {
-    static const char hex[] = "0123456789abcdef";
-    uint64_t v = atomic_fetch_add_explicit(&c->next_id, 1, memory_order_relaxed);
-    for (int i = ID_LEN - 1; i >= 0; i--, v >>= 4)
-        out[i] = hex[v & 15];
-    out[ID_LEN] = '\0';
+    ctl_call_format_id(
+        atomic_fetch_add_explicit(&c->next_id, 1, memory_order_relaxed), out);
 }
 
-static void free_buffer(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
-/* Send one message on `sock`, waiting for queue space until `deadline_ms`.
- * Takes over `data` (malloc'd, freed by ZeroMQ) in every case. */
+/* Send the frame `data` (malloc'd; taken over in every case) on `sock`,
+ * waiting for queue space until `deadline_ms`. */
 static int send_until(void *sock, char *data, size_t size, int64_t deadline_ms,
                       const char *address, const char *op, ctl_error *err)
 {
     zmq_msg_t m;
-    if (zmq_msg_init_data(&m, data, size, free_buffer, NULL) != 0) {
-        free(data);
+    if (ctl_send_prepare(&m, data, size) != 0)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                                   "%s at %s: out of memory", op, address);
-    }
     for (;;) {
         if (zmq_msg_send(&m, sock, ZMQ_DONTWAIT) >= 0)
             return 0;
@@ -239,35 +221,13 @@ static int send_until(void *sock, char *data, size_t size, int64_t deadline_ms,
     }
 }
 
-void ctl_request_begin(ctl_request *req, const char *op, bool notify)
+/* Send the frame `req` (consumed) on `sock`. */
+static int send_frame(void *sock, ctl_frame *req, int64_t deadline_ms,
+                      const char *address, const char *op, ctl_error *err)
 {
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&req->sb);
-    msgpack_packer_init(&pk, &req->sb, msgpack_sbuffer_write);
-    req->id_len = notify ? 0 : ID_LEN;
-    req->failed = msgpack_pack_array(&pk, 3) || ctl_pack_cstr(&pk, op) ||
-                  msgpack_pack_str(&pk, req->id_len);
-    req->id_off = req->sb.size;
-    /* The id's bytes, filled in when the request is sent. */
-    if (!req->failed && req->id_len)
-        req->failed = msgpack_pack_str_body(&pk, "000000000000", req->id_len) != 0;
-}
-
-void ctl_request_args(ctl_request *req, const void *args, size_t args_len)
-{
-    static const char empty_map = (char)0x80;
-    if (!args || args_len == 0) {
-        args = &empty_map;
-        args_len = 1;
-    }
-    if (!req->failed)
-        req->failed = msgpack_sbuffer_write(&req->sb, args, args_len) != 0;
-}
-
-void ctl_request_fini(ctl_request *req)
-{
-    msgpack_sbuffer_destroy(&req->sb);
-    msgpack_sbuffer_init(&req->sb);
+    size_t size;
+    char *data = ctl_frame_take(req, &size);
+    return send_until(sock, data, size, deadline_ms, address, op, err);
 }
 
 /* Lend a socket and send the request of `p`, which it consumes. On failure
@@ -275,25 +235,23 @@ void ctl_request_fini(ctl_request *req)
 static int send_request(ctl_client *c, pending *p, const char *op,
                         int64_t deadline_ms, ctl_error *err)
 {
-    ctl_request *req = p->req;
+    ctl_frame *req = p->req;
     int rc;
     p->req = NULL;
     if (req->failed) {
-        ctl_request_fini(req);
+        ctl_frame_fini(req);
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                                   "%s at %s: out of memory packing the "
                                   "request", op, p->address);
     }
     p->sock = ctl_pool_lend(c->pool, p->address, err);
     if (!p->sock) {
-        ctl_request_fini(req);
+        ctl_frame_fini(req);
         return err ? err->kind : CTL_TRANSFER;
     }
     new_id(c, p->id);
-    memcpy(req->sb.data + req->id_off, p->id, req->id_len);
-    size_t size = req->sb.size;
-    rc = send_until(p->sock, msgpack_sbuffer_release(&req->sb), size,
-                    deadline_ms, p->address, op, err);
+    ctl_frame_set_id(req, (ctl_str){p->id, CTL_ID_LEN});
+    rc = send_frame(p->sock, req, deadline_ms, p->address, op, err);
     if (rc != 0) {
         ctl_pool_retire(c->pool, p->sock);
         p->sock = NULL;
@@ -303,11 +261,10 @@ static int send_request(ctl_client *c, pending *p, const char *op,
     return 0;
 }
 
-static void reply_free(ctl_reply *r)
+/* A reply's bytes are a zmq_msg_t kept in the handle's tail. */
+static void release_msg(ctl_reply *r)
 {
-    zmq_msg_close(&r->msg);
-    msgpack_zone_destroy(&r->zone);
-    free(r);
+    zmq_msg_close(ctl_reply_tail(r));
 }
 
 /* Finish `p`: its socket goes back to the pool only after a clean, matching
@@ -325,25 +282,19 @@ static void finish(ctl_client *c, pending *p, int clean)
 }
 
 /*
- * Read every message waiting on p->sock. Ends `p` (done) when its own
- * reply has come, successfully (*reply set) or not (`err` set), or when the
- * socket failed. Messages for other ids are counted and skipped.
- */
-/*
  * Receive one message on p->sock (`flags`: 0 to block up to the socket's
- * ZMQ_RCVTIMEO, ZMQ_DONTWAIT not to) and deal with it. Ends `p` (done) when
- * its own reply has come, successfully (*p->reply set) or not (p->err set),
- * or when the socket failed; a message for another id is counted and
- * skipped. Returns 1 when nothing arrived, 0 otherwise.
+ * ZMQ_RCVTIMEO, ZMQ_DONTWAIT not to) and judge it (ctl_call_accept). Ends
+ * `p` (done) when its own reply has come, successfully (*p->reply set) or
+ * not (p->err set), or when the socket failed; a reply for another id is
+ * counted and skipped. Returns 1 when nothing arrived, 0 otherwise.
  */
 static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
 {
     ctl_error *err = p->err;
     zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, p->sock, flags) < 0) {
+    int frames = ctl_recv_message(p->sock, &msg, 1, flags);
+    if (frames < 0) {
         int e = zmq_errno();
-        zmq_msg_close(&msg);
         if (e == EAGAIN || e == EINTR)
             return 1;
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
@@ -352,21 +303,8 @@ static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
         finish(c, p, 0);
         return 0;
     }
-    if (zmq_msg_more(&msg)) {
-        /* Replies are one frame; a multi-frame message is not ours to
-         * read. Drain the rest, then fail this socket. */
-        while (zmq_msg_more(&msg) && zmq_msg_recv(&msg, p->sock, ZMQ_DONTWAIT) >= 0)
-            ;
-        zmq_msg_close(&msg);
-        ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
-                           "%s at %s: reply has more than one frame", op,
-                           p->address);
-        finish(c, p, 0);
-        return 0;
-    }
-    ctl_reply *r = calloc(1, sizeof *r);
-    if (!r || !msgpack_zone_init(&r->zone, REPLY_ZONE_CHUNK)) {
-        free(r);
+    ctl_reply *r = ctl_reply_new(sizeof(zmq_msg_t));
+    if (!r) {
         zmq_msg_close(&msg);
         ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                            "%s at %s: out of memory for the reply", op,
@@ -374,35 +312,32 @@ static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
         finish(c, p, 0);
         return 0;
     }
-    r->msg = msg; /* the reply owns the message from here */
-    char why[160];
-    ctl_reply_view v;
-    if (ctl_wire_decode_reply(zmq_msg_data(&r->msg), zmq_msg_size(&r->msg),
-                              &c->opts.limits, &r->zone, &v, why,
-                              sizeof why) != 0) {
-        reply_free(r);
-        ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY, "%s at %s: bad reply: %s",
-                           op, p->address, why);
-        finish(c, p, 0);
+    /* The reply owns the message from here. */
+    zmq_msg_t *kept = ctl_reply_tail(r);
+    *kept = msg;
+    r->data = zmq_msg_data(kept);
+    r->len = zmq_msg_size(kept);
+    r->release = release_msg;
+    switch (ctl_call_accept(r, (size_t)frames, (ctl_str){p->id, CTL_ID_LEN},
+                            &c->opts.limits, p->address, op, err)) {
+    case CTL_MATCH_RESULT:
+        *p->reply = r;
+        finish(c, p, 1);
         return 0;
-    }
-    if (v.id.len != ID_LEN || memcmp(v.id.ptr, p->id, ID_LEN) != 0) {
-        /* A reply to something else: an earlier notify the unit
-         * answered, or a peer that mixes ids up. */
+    case CTL_MATCH_OTHER:
         ctl_pool_count_late(c->pool);
         p->dirty = 1;
-        reply_free(r);
+        ctl_reply_destroy(&r);
         return 0;
+    case CTL_MATCH_ERROR: /* its own reply: the socket is clean */
+        ctl_reply_destroy(&r);
+        finish(c, p, 1);
+        return 0;
+    case CTL_MATCH_BAD:
+        break;
     }
-    if (v.ok) {
-        r->id = v.id;
-        r->result = v.body;
-        *p->reply = r;
-    } else {
-        ctl_error_from_reply(err, p->address, op, &v.body);
-        reply_free(r);
-    }
-    finish(c, p, 1);
+    ctl_reply_destroy(&r);
+    finish(c, p, 0);
     return 0;
 }
 
@@ -497,13 +432,13 @@ static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
 }
 
 int ctl_client_call_req(ctl_client *client, const char *address,
-                        const char *op, ctl_request *req, int timeout_ms,
+                        const char *op, ctl_frame *req, int timeout_ms,
                         ctl_reply **reply, ctl_error *err)
 {
     if (reply)
         *reply = NULL;
     if (!client || !address || !op || !reply) {
-        ctl_request_fini(req);
+        ctl_frame_fini(req);
         return ctl_error_set(err, CTL_INVALID, "call %s at %s: %s is NULL",
                              op ? op : "(null op)",
                              address ? address : "(null address)",
@@ -530,7 +465,7 @@ int ctl_client_call(ctl_client *client, const char *address, const char *op,
                     const void *args, size_t args_len, int timeout_ms,
                     ctl_reply **reply, ctl_error *err)
 {
-    ctl_request req;
+    ctl_frame req;
     if (!args && args_len) {
         if (reply)
             *reply = NULL;
@@ -539,14 +474,14 @@ int ctl_client_call(ctl_client *client, const char *address, const char *op,
                              op ? op : "(null op)",
                              address ? address : "(null address)", args_len);
     }
-    ctl_request_begin(&req, op ? op : "", false);
-    ctl_request_args(&req, args, args_len);
+    ctl_frame_begin(&req, ctl_str_c(op), CTL_ID_LEN);
+    ctl_frame_args(&req, args, args_len);
     return ctl_client_call_req(client, address, op, &req, timeout_ms, reply,
                                err);
 }
 
 int ctl_client_call_many_req(ctl_client *client, const char *op,
-                             const char *const *addresses, ctl_request *reqs,
+                             const char *const *addresses, ctl_frame *reqs,
                              size_t count, int timeout_ms,
                              ctl_outcome *outcomes)
 {
@@ -601,7 +536,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
     }
 out:
     for (size_t i = 0; i < count && reqs; i++)
-        ctl_request_fini(&reqs[i]); /* those not sent */
+        ctl_frame_fini(&reqs[i]); /* those not sent */
     free(ps);
     free(replies);
     if (!outcomes || !client || !op || (count && (!addresses || !reqs)))
@@ -617,7 +552,7 @@ int ctl_client_call_many(ctl_client *client, const char *op,
         return ctl_client_call_many_req(client, op, NULL, NULL, count,
                                         timeout_ms, outcomes);
     }
-    ctl_request *reqs = calloc(count ? count : 1, sizeof *reqs);
+    ctl_frame *reqs = calloc(count ? count : 1, sizeof *reqs);
     const char **addresses = calloc(count ? count : 1, sizeof *addresses);
     if (!reqs || !addresses) {
         free(reqs);
@@ -633,12 +568,12 @@ int ctl_client_call_many(ctl_client *client, const char *op,
     }
     for (size_t i = 0; i < count; i++) {
         addresses[i] = targets[i].address;
-        ctl_request_begin(&reqs[i], op ? op : "", false);
+        ctl_frame_begin(&reqs[i], ctl_str_c(op), CTL_ID_LEN);
         /* NULL args with a length: an unusable target, refused below. */
         if (!targets[i].args && targets[i].args_len)
             addresses[i] = NULL;
         else
-            ctl_request_args(&reqs[i], targets[i].args, targets[i].args_len);
+            ctl_frame_args(&reqs[i], targets[i].args, targets[i].args_len);
     }
     int rc = ctl_client_call_many_req(client, op, addresses, reqs, count,
                                       timeout_ms, outcomes);
@@ -663,10 +598,10 @@ void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count)
 }
 
 int ctl_client_notify_req(ctl_client *client, const char *address,
-                          const char *op, ctl_request *req, ctl_error *err)
+                          const char *op, ctl_frame *req, ctl_error *err)
 {
     if (!client || !address || !op) {
-        ctl_request_fini(req);
+        ctl_frame_fini(req);
         return ctl_error_set(err, CTL_INVALID, "notify %s at %s: %s is NULL",
                              op ? op : "(null op)",
                              address ? address : "(null address)",
@@ -686,9 +621,7 @@ int ctl_client_notify_req(ctl_client *client, const char *address,
     } else if (!(sock = ctl_pool_lend(client->pool, address, e))) {
         rc = e->kind;
     } else {
-        size_t size = req->sb.size;
-        rc = send_until(sock, msgpack_sbuffer_release(&req->sb), size,
-                        deadline, address, op, e);
+        rc = send_frame(sock, req, deadline, address, op, e);
         if (rc != 0) {
             ctl_pool_retire(client->pool, sock);
         } else {
@@ -697,7 +630,7 @@ int ctl_client_notify_req(ctl_client *client, const char *address,
             ctl_pool_return(client->pool, address, sock);
         }
     }
-    ctl_request_fini(req);
+    ctl_frame_fini(req);
     ctl_error_fini(&local);
     return rc;
 }
@@ -705,42 +638,18 @@ int ctl_client_notify_req(ctl_client *client, const char *address,
 int ctl_client_notify(ctl_client *client, const char *address, const char *op,
                       const void *args, size_t args_len, ctl_error *err)
 {
-    ctl_request req;
+    ctl_frame req;
     if (!args && args_len)
         return ctl_error_set(err, CTL_INVALID,
                              "notify %s at %s: args is NULL but args_len is %zu",
                              op ? op : "(null op)",
                              address ? address : "(null address)", args_len);
-    ctl_request_begin(&req, op ? op : "", true);
-    ctl_request_args(&req, args, args_len);
+    ctl_frame_begin(&req, ctl_str_c(op), 0);
+    ctl_frame_args(&req, args, args_len);
     return ctl_client_notify_req(client, address, op, &req, err);
 }
 
-const msgpack_object *ctl_reply_result(const ctl_reply *reply)
-{
-    return reply ? &reply->result : NULL;
-}
-
-void *ctl_reply_alloc(ctl_reply *reply, size_t size)
-{
-    return ctl_zone_alloc(&reply->zone, size);
-}
-
-ctl_str ctl_reply_id(const ctl_reply *reply)
-{
-    ctl_str none = {"", 0};
-    return reply ? reply->id : none;
-}
-
-void ctl_reply_destroy(ctl_reply **reply)
-{
-    if (!reply || !*reply)
-        return;
-    reply_free(*reply);
-    *reply = NULL;
-}
-
-void ctl_client_stats_get(ctl_client *client, ctl_client_stats *out)
+void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out)
 {
     const ctl_pool_counters *pc = ctl_pool_counters_get(client->pool);
     out->calls = atomic_load_explicit(&client->calls, memory_order_relaxed);

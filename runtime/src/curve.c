@@ -1,9 +1,11 @@
 /*
- * curve.c - see ctlrpc/curve.h.
+ * curve.c - CURVE keys and key files (ctlrpc/curve.h), and the ZAP handler
+ * that enforces a unit's client allowlist (curve_int.h).
  */
 #include "ctlrpc/curve.h"
 
 #include <ctype.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -13,6 +15,9 @@
 #include <unistd.h>
 
 #include <zmq.h>
+
+#include "curve_int.h"
+#include "transport_int.h"
 
 bool ctl_curve_available(void)
 {
@@ -232,4 +237,111 @@ int ctl_curve_write_keypair(const char *prefix, ctl_error *err)
         unlink(path);
     }
     return rc;
+}
+
+/* ---- the allowlist's ZAP handler (RFC 27) ----------------------------- */
+
+struct ctl_zap {
+    void *sock;         /* REP, bound to inproc://zeromq.zap.01 */
+    uint8_t (*keys)[32]; /* allowed client keys, binary */
+    size_t count;
+    _Atomic uint64_t *denied;
+};
+
+void ctl_zap_destroy(ctl_zap **zap)
+{
+    if (!zap || !*zap)
+        return;
+    if ((*zap)->sock)
+        zmq_close((*zap)->sock);
+    free((*zap)->keys);
+    free(*zap);
+    *zap = NULL;
+}
+
+int ctl_zap_new(void *ctx, const char *const *keys, size_t count,
+                _Atomic uint64_t *denied, const char *who, ctl_zap **out,
+                ctl_error *err)
+{
+    *out = NULL;
+    ctl_zap *z = calloc(1, sizeof *z);
+    if (z)
+        z->keys = calloc(count ? count : 1, sizeof *z->keys);
+    if (!z || !z->keys) {
+        free(z);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server %s: out of memory",
+                                  who);
+    }
+    for (size_t i = 0; i < count; i++) {
+        if (!ctl_curve_key_valid(keys[i])) {
+            ctl_zap_destroy(&z);
+            return ctl_error_set(err, CTL_INVALID,
+                                 "server %s: allowed client key #%zu is not a "
+                                 "40-character Z85 key", who, i);
+        }
+        zmq_z85_decode(z->keys[i], keys[i]);
+    }
+    z->count = count;
+    z->denied = denied;
+    z->sock = zmq_socket(ctx, ZMQ_REP);
+    if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01") != 0) {
+        int rc = ctl_error_set(err, CTL_INVALID,
+                               "server %s: cannot start the ZAP handler for the "
+                               "allowlist (%s): is another unit with an "
+                               "allowlist using this ZeroMQ context?", who,
+                               zmq_strerror(zmq_errno()));
+        ctl_zap_destroy(&z);
+        return rc;
+    }
+    int zero = 0;
+    zmq_setsockopt(z->sock, ZMQ_LINGER, &zero, sizeof zero);
+    *out = z;
+    return 0;
+}
+
+void *ctl_zap_socket(ctl_zap *zap)
+{
+    return zap->sock;
+}
+
+/* Answer one request: 200 for a CURVE client whose key is on the list,
+ * 400 for anything else. Returns -1 when none was waiting. */
+static int serve_zap_one(ctl_zap *z)
+{
+    enum { MAX_FRAMES = 8 };
+    zmq_msg_t f[MAX_FRAMES];
+    int n = ctl_recv_message(z->sock, f, MAX_FRAMES, ZMQ_DONTWAIT);
+    if (n < 0)
+        return -1;
+    int kept = n < MAX_FRAMES ? n : MAX_FRAMES;
+    /* [version, request id, domain, address, identity, mechanism, key] */
+    int allowed = 0;
+    if (kept >= 7 && zmq_msg_size(&f[5]) == 5 &&
+        memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32) {
+        for (size_t i = 0; i < z->count && !allowed; i++)
+            allowed = memcmp(z->keys[i], zmq_msg_data(&f[6]), 32) == 0;
+    }
+    if (!allowed)
+        atomic_fetch_add_explicit(z->denied, 1, memory_order_relaxed);
+    /* A REP socket must answer what it read; a request too short to carry
+     * an id gets an answer with an empty one. */
+    const char *code = allowed ? "200" : "400";
+    const char *text = allowed ? "OK" : "client key not allowed";
+    zmq_send(z->sock, "1.0", 3, ZMQ_SNDMORE);
+    if (kept >= 2)
+        zmq_send(z->sock, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
+    else
+        zmq_send(z->sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(z->sock, code, 3, ZMQ_SNDMORE);
+    zmq_send(z->sock, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(z->sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(z->sock, "", 0, 0);
+    ctl_frames_close(f, kept);
+    return 0;
+}
+
+void ctl_zap_serve(ctl_zap *zap)
+{
+    while (serve_zap_one(zap) == 0)
+        ;
 }

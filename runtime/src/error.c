@@ -9,6 +9,7 @@
  */
 #include "ctlrpc/error.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,6 @@
 #include "util_int.h"
 
 static const char fallback_msg[] = "out of memory while reporting an error";
-
-ctl_str ctl_str_c(const char *s)
-{
-    ctl_str v = {s ? s : "", s ? strlen(s) : 0};
-    return v;
-}
 
 const char *ctl_kind_name(int kind)
 {
@@ -130,35 +125,80 @@ int ctl_error_transfer(ctl_error *err, ctl_cause cause, const char *fmt, ...)
     return CTL_TRANSFER;
 }
 
-int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...)
+/* Append " (details lost: out of memory)" to the message, if that much
+ * memory is left; the kind stays. */
+static void details_lost(ctl_error *err)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    ctl_error_setv(err, CTL_BUSY, fmt, ap);
-    va_end(ap);
-    if (err && reason)
-        err->reason = ctl_strndup(reason, strlen(reason));
-    return CTL_BUSY;
+    static const char note[] = " (details lost: out of memory)";
+    if (err->msg == fallback_msg)
+        return;
+    size_t n = strlen(err->msg);
+    char *longer = realloc(err->msg, n + sizeof note);
+    if (!longer)
+        return;
+    memcpy(longer + n, note, sizeof note);
+    err->msg = longer;
 }
 
-/* Copy `count` ids into err->blobs; on allocation failure leaves none. */
-static void set_blobs(ctl_error *err, const ctl_str *blobs, size_t count)
+/* A NUL-terminated copy of the reason; false when out of memory. */
+static bool copy_reason(ctl_error *err, const char *reason)
+{
+    if (!reason)
+        return true;
+    err->reason = ctl_strndup(reason, strlen(reason));
+    return err->reason != NULL;
+}
+
+/* Copy `count` ids into err->blobs; false (and none kept) when out of
+ * memory. */
+static bool copy_blobs(ctl_error *err, const ctl_str *blobs, size_t count)
 {
     if (count == 0)
-        return;
+        return true;
     err->blobs = calloc(count, sizeof *err->blobs);
     if (!err->blobs)
-        return;
+        return false;
     for (size_t i = 0; i < count; i++) {
         char *copy = ctl_strndup(blobs[i].ptr, blobs[i].len);
         if (!copy) {
-            err->blob_count = i;
-            return;
+            for (size_t j = 0; j < i; j++)
+                free((char *)err->blobs[j].ptr);
+            free(err->blobs);
+            err->blobs = NULL;
+            return false;
         }
         err->blobs[i].ptr = copy;
         err->blobs[i].len = blobs[i].len;
     }
     err->blob_count = count;
+    return true;
+}
+
+int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
+                    va_list ap)
+{
+    ctl_error_setv(err, CTL_BUSY, fmt, ap);
+    if (err && !copy_reason(err, reason))
+        details_lost(err);
+    return CTL_BUSY;
+}
+
+int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctl_error_busyv(err, reason, fmt, ap);
+    va_end(ap);
+    return CTL_BUSY;
+}
+
+int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
+                       const char *fmt, va_list ap)
+{
+    ctl_error_setv(err, CTL_MISSING, fmt, ap);
+    if (err && !copy_blobs(err, blobs, count))
+        details_lost(err);
+    return CTL_MISSING;
 }
 
 int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,
@@ -166,11 +206,17 @@ int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,
 {
     va_list ap;
     va_start(ap, fmt);
-    ctl_error_setv(err, CTL_MISSING, fmt, ap);
+    ctl_error_missingv(err, blobs, count, fmt, ap);
     va_end(ap);
-    if (err)
-        set_blobs(err, blobs, count);
     return CTL_MISSING;
+}
+
+/* A NUL-terminated copy of `s` (NULL stays NULL); false when out of
+ * memory. */
+static bool copy_cstr(char **dst, const char *s)
+{
+    *dst = s ? ctl_strndup(s, strlen(s)) : NULL;
+    return !s || *dst;
 }
 
 int ctl_error_copy(ctl_error *dst, const ctl_error *src)
@@ -180,15 +226,18 @@ int ctl_error_copy(ctl_error *dst, const ctl_error *src)
     ctl_error_fini(dst);
     dst->kind = src->kind;
     dst->cause = src->cause;
-    if (src->msg) {
-        dst->msg = ctl_strndup(src->msg, strlen(src->msg));
-        if (!dst->msg)
-            dst->msg = (char *)fallback_msg;
-    }
-    if (src->reason)
-        dst->reason = ctl_strndup(src->reason, strlen(src->reason));
-    if (src->remote_kind)
-        dst->remote_kind = ctl_strndup(src->remote_kind, strlen(src->remote_kind));
-    set_blobs(dst, src->blobs, src->blob_count);
+    if (src->msg == fallback_msg)
+        dst->msg = (char *)fallback_msg;
+    else if (!copy_cstr(&dst->msg, src->msg))
+        goto nomem;
+    if (!copy_cstr(&dst->reason, src->reason) ||
+        !copy_cstr(&dst->remote_kind, src->remote_kind) ||
+        !copy_blobs(dst, src->blobs, src->blob_count))
+        goto nomem;
     return 0;
+nomem:
+    return ctl_error_transfer(dst, CTL_CAUSE_NOMEM,
+                              "out of memory copying an error (%s: %s)",
+                              ctl_kind_name(src->kind),
+                              src->msg ? src->msg : "");
 }

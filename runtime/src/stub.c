@@ -1,105 +1,140 @@
 /*
- * stub.c - see ctlrpc/stub.h.
+ * stub.c - the calls and the serving of generated ops, driven by their
+ * descriptors (ctlrpc/gen.h).
+ *
+ * A client stub packs its args straight into the request frame by the
+ * op's args type (no intermediate buffer), calls through the client's
+ * request paths (client_int.h), and decodes the result into the reply's
+ * memory by the result type. A unit serves every generated op with
+ * ctl_stub_serve: the args decode into the request's memory, the typed
+ * handler runs through the descriptor's `invoke`, and its result is packed
+ * by the result type.
  */
-#include "ctlrpc/stub.h"
+#include "ctlrpc/gen.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "call_int.h"
 #include "client_int.h"
+#include "dispatch_int.h"
 #include "util_int.h"
 
-/* Pack [op, id, args] into `req`, the args straight from the typed struct
- * into the frame that will be sent (no intermediate buffer). */
-static void pack_request(ctl_request *req, const char *op, bool notify,
-                         ctl_enc_fn enc, const void *args)
+/* ---- client side ----------------------------------------------------- */
+
+/* Frame [op, id, args], the args packed from the typed struct. */
+static void frame_request(ctl_frame *f, const ctl_op_desc *op, bool notify,
+                          const void *args)
 {
     msgpack_packer pk;
-    ctl_request_begin(req, op, notify);
-    if (req->failed)
+    ctl_frame_begin(f, ctl_str_c(op->name), notify ? 0 : CTL_ID_LEN);
+    if (f->failed)
         return;
-    msgpack_packer_init(&pk, &req->sb, msgpack_sbuffer_write);
-    req->failed = (enc ? enc(&pk, args) : msgpack_pack_map(&pk, 0)) != 0;
+    ctl_frame_packer(f, &pk);
+    ctl_frame_packed(f, op->args ? ctl_type_pack(&pk, op->args, args)
+                                 : msgpack_pack_map(&pk, 0));
 }
 
-/* Decode the reply's result into `result`; on failure fill `err`. */
-static int take_result(ctl_reply *reply, const char *address, const char *op,
-                       ctl_dec_fn dec, void *result, ctl_error *err)
+static void *reply_alloc(void *owner, size_t size)
+{
+    return ctl_reply_alloc(owner, size);
+}
+
+int ctl_stub_decode_result(const ctl_op_desc *op, ctl_reply *reply,
+                           const char *address, void *result, ctl_error *err)
 {
     ctl_dec d;
-    if (!dec || !result)
+    if (!op->result || !result)
         return 0;
-    ctl_dec_init_reply(&d, reply);
-    if (dec(ctl_reply_result(reply), result, &d) == 0)
+    ctl_dec_init(&d, reply_alloc, reply);
+    if (ctl_type_decode(ctl_reply_result(reply), op->result, result, &d) == 0)
         return 0;
     /* Named like an arg on the unit's side: "result.children[1].label"
      * (a cut path reads "result ...ren[1].label"). */
     return ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
-                              "%s at %s: bad reply: result%s%s: %s", op,
+                              "%s at %s: bad reply: result%s%s: %s", op->name,
                               address, d.cut ? " " : "", ctl_dec_where(&d),
                               ctl_dec_what(&d));
 }
 
-int ctl_stub_call(ctl_client *client, const char *address, const char *op,
-                  ctl_enc_fn enc_args, const void *args, int timeout_ms,
-                  ctl_dec_fn dec_result, void *result, ctl_reply **keep,
-                  ctl_error *err)
+/* The refusal of a NULL args struct for an op that takes args. */
+static int null_args(const ctl_op_desc *op, const char *address, ctl_error *err)
 {
-    ctl_request req;
-    ctl_reply *reply = NULL;
-    if (keep)
-        *keep = NULL;
-    if (enc_args && !args)
-        return ctl_error_set(err, CTL_INVALID, "%s at %s: args is NULL", op,
+    return ctl_error_set(err, CTL_INVALID, "%s at %s: args is NULL", op->name,
+                         address ? address : "(null address)");
+}
+
+int ctl_stub_call(ctl_client *client, const char *address,
+                  const ctl_op_desc *op, const void *args, int timeout_ms,
+                  void *result, ctl_reply **reply, ctl_error *err)
+{
+    ctl_frame req;
+    ctl_reply *got = NULL;
+    if (reply)
+        *reply = NULL;
+    if (op->keep_reply && result && !reply)
+        return ctl_error_set(err, CTL_INVALID,
+                             "%s at %s: the result holds views into the reply: "
+                             "pass `reply` to keep it", op->name,
                              address ? address : "(null address)");
-    pack_request(&req, op, false, enc_args, args);
-    int rc = ctl_client_call_req(client, address, op, &req, timeout_ms, &reply,
-                                 err);
+    if (op->args && !args)
+        return null_args(op, address, err);
+    frame_request(&req, op, false, args);
+    int rc = ctl_client_call_req(client, address, op->name, &req, timeout_ms,
+                                 &got, err);
     if (rc != 0)
         return rc;
-    rc = take_result(reply, address, op, dec_result, result, err);
-    if (rc == 0 && keep)
-        *keep = reply;
+    rc = ctl_stub_decode_result(op, got, address, result, err);
+    if (rc == 0 && reply && op->keep_reply)
+        *reply = got;
     else
-        ctl_reply_destroy(&reply);
+        ctl_reply_destroy(&got);
     return rc;
 }
 
-#define AT(base, i, layout, member)                                           \
-    ((char *)(base) + (i) * (layout)->outcome_size + (layout)->member)
-
-int ctl_stub_call_many(ctl_client *client, const char *op,
-                       const char *const *addresses, size_t count,
-                       ctl_enc_fn enc_args, const void *args, int timeout_ms,
-                       ctl_dec_fn dec_result, void *outcomes,
-                       const ctl_stub_layout *layout)
+/* The parts of the i-th outcome of `op`. */
+static char *outcome(const ctl_op_desc *op, void *outcomes, size_t i)
 {
-    if (!outcomes || !layout)
+    return (char *)outcomes + i * op->outcome_size;
+}
+
+static ctl_error *outcome_error(const ctl_op_desc *op, void *outcomes, size_t i)
+{
+    return (ctl_error *)(outcome(op, outcomes, i) + op->outcome_error);
+}
+
+static ctl_reply **outcome_reply(const ctl_op_desc *op, void *outcomes, size_t i)
+{
+    return (ctl_reply **)(outcome(op, outcomes, i) + op->outcome_reply);
+}
+
+int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
+                       const char *const *addresses, const void *args,
+                       size_t count, int timeout_ms, void *outcomes)
+{
+    if (!op || !outcomes)
         return CTL_INVALID;
     for (size_t i = 0; i < count; i++) {
-        ctl_error_init((ctl_error *)AT(outcomes, i, layout, error_offset));
-        *(ctl_reply **)AT(outcomes, i, layout, reply_offset) = NULL;
+        ctl_error_init(outcome_error(op, outcomes, i));
+        *outcome_reply(op, outcomes, i) = NULL;
     }
-    if (!client || !op || (count && (!addresses || (enc_args && !args)))) {
+    if (!client || (count && (!addresses || (op->args && !args)))) {
         for (size_t i = 0; i < count; i++)
-            ctl_error_set((ctl_error *)AT(outcomes, i, layout, error_offset),
-                          CTL_INVALID, "%s_many: %s is NULL",
-                          op ? op : "(null op)",
-                          !client ? "client" : !op ? "op"
-                                             : !addresses ? "addresses"
-                                                          : "args");
+            ctl_error_set(outcome_error(op, outcomes, i), CTL_INVALID,
+                          "%s_many: %s is NULL", op->name,
+                          !client ? "client" : !addresses ? "addresses" : "args");
         return CTL_INVALID;
     }
     if (count == 0)
         return 0;
 
-    ctl_request *reqs = calloc(count, sizeof *reqs);
+    ctl_frame *reqs = calloc(count, sizeof *reqs);
     ctl_outcome *raw = calloc(count, sizeof *raw);
     size_t failed = 0;
     if (!reqs || !raw) {
         for (size_t i = 0; i < count; i++)
-            ctl_error_transfer((ctl_error *)AT(outcomes, i, layout, error_offset),
-                               CTL_CAUSE_NOMEM, "%s_many: out of memory", op);
+            ctl_error_transfer(outcome_error(op, outcomes, i), CTL_CAUSE_NOMEM,
+                               "%s_many: out of memory", op->name);
         free(reqs);
         free(raw);
         return count > INT32_MAX ? INT32_MAX : (int)count;
@@ -107,21 +142,21 @@ int ctl_stub_call_many(ctl_client *client, const char *op,
     /* One frame per target, args packed straight into it; a target whose
      * packing ran out of memory gets its own error from the fan-out. */
     for (size_t i = 0; i < count; i++)
-        pack_request(&reqs[i], op, false, enc_args,
-                     args ? (const char *)args + i * layout->args_size : NULL);
-    ctl_client_call_many_req(client, op, addresses, reqs, count, timeout_ms, raw);
+        frame_request(&reqs[i], op, false,
+                      args ? (const char *)args + i * op->args->size : NULL);
+    ctl_client_call_many_req(client, op->name, addresses, reqs, count,
+                             timeout_ms, raw);
     for (size_t i = 0; i < count; i++) {
-        ctl_error *e = (ctl_error *)AT(outcomes, i, layout, error_offset);
-        ctl_reply **r = (ctl_reply **)AT(outcomes, i, layout, reply_offset);
+        ctl_error *e = outcome_error(op, outcomes, i);
         /* Move the error: its strings now belong to the typed outcome. */
         *e = raw[i].error;
         ctl_error_init(&raw[i].error);
+        void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result
+                                  : NULL;
         if (raw[i].reply &&
-            take_result(raw[i].reply, addresses[i], op, dec_result,
-                        dec_result ? AT(outcomes, i, layout, result_offset) : NULL,
-                        e) == 0 &&
-            layout->keep_reply)
-            *r = raw[i].reply;
+            ctl_stub_decode_result(op, raw[i].reply, addresses[i], result, e) == 0 &&
+            op->keep_reply)
+            *outcome_reply(op, outcomes, i) = raw[i].reply;
         else
             ctl_reply_destroy(&raw[i].reply);
         raw[i].reply = NULL; /* moved or freed */
@@ -134,48 +169,87 @@ int ctl_stub_call_many(ctl_client *client, const char *op,
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }
 
-void ctl_stub_outcomes_fini(void *outcomes, size_t count,
-                            const ctl_stub_layout *layout)
+void ctl_stub_outcomes_fini(const ctl_op_desc *op, void *outcomes, size_t count)
 {
-    if (!outcomes || !layout)
+    if (!op || !outcomes)
         return;
     for (size_t i = 0; i < count; i++) {
-        ctl_error_fini((ctl_error *)AT(outcomes, i, layout, error_offset));
-        ctl_reply_destroy((ctl_reply **)AT(outcomes, i, layout, reply_offset));
+        ctl_error_fini(outcome_error(op, outcomes, i));
+        ctl_reply_destroy(outcome_reply(op, outcomes, i));
     }
 }
 
-int ctl_stub_notify(ctl_client *client, const char *address, const char *op,
-                    ctl_enc_fn enc_args, const void *args, ctl_error *err)
+int ctl_stub_notify(ctl_client *client, const char *address,
+                    const ctl_op_desc *op, const void *args, ctl_error *err)
 {
-    ctl_request req;
-    if (enc_args && !args)
-        return ctl_error_set(err, CTL_INVALID, "%s at %s: args is NULL", op,
-                             address ? address : "(null address)");
-    pack_request(&req, op, true, enc_args, args);
-    return ctl_client_notify_req(client, address, op, &req, err);
+    ctl_frame req;
+    if (op->args && !args)
+        return null_args(op, address, err);
+    frame_request(&req, op, true, args);
+    return ctl_client_notify_req(client, address, op->name, &req, err);
 }
 
-int ctl_stub_fail_args(ctl_req *req, const ctl_dec *d)
+/* ---- server side ----------------------------------------------------- */
+
+static void *req_alloc(void *owner, size_t size)
+{
+    return ctl_req_alloc(owner, size);
+}
+
+/* Fail the request with the Protocol error that `d` describes ("op 'put':
+ * arg keys[2]: expected str, got int"). */
+static int fail_args(ctl_req *req, const ctl_dec *d)
 {
     char shown[CTL_SHOW_BUF];
     const char *where = ctl_dec_where(d);
-    ctl_str op = ctl_req_op(req);
-    ctl_show(shown, sizeof shown, op);
+    ctl_show(shown, sizeof shown, ctl_req_op(req));
     /* "arg tree.label", not "arg .tree.label"; a cut path keeps its "...". */
     if (*where == '.' && !d->cut)
         where++;
     if (*where)
         return ctl_req_fail(req, CTL_PROTOCOL, "op '%s': arg %s: %s", shown,
                             where, ctl_dec_what(d));
-    return ctl_req_fail(req, CTL_PROTOCOL, "op '%s': %s", shown,
-                        ctl_dec_what(d));
+    return ctl_req_fail(req, CTL_PROTOCOL, "op '%s': %s", shown, ctl_dec_what(d));
 }
 
-int ctl_stub_reply(ctl_req *req, ctl_enc_fn enc, const void *result)
+/* An op that takes no args: any key is unknown. */
+static int no_args(const ctl_op_desc *op, const msgpack_object *o, ctl_dec *d)
 {
+    ctl_str key = {"?", 1};
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return ctl_dec_mismatch(d, "a map of args", o);
+    if (o->via.map.size == 0)
+        return 0;
+    ctl_obj_str(&o->via.map.ptr[0].key, &key);
+    ctl_dec_fail(d, "not an arg of %s, which takes none", op->name);
+    return ctl_dec_at_key(d, key);
+}
+
+int ctl_stub_serve(void *handlers, const msgpack_object *args, ctl_req *req)
+{
+    const ctl_op_desc *op = ctl_req_entry(req)->desc;
+    void *a = NULL, *result = NULL;
+    ctl_dec d;
     char shown[CTL_SHOW_BUF];
-    if (enc(ctl_req_packer(req), result) == 0)
+    if (!op)
+        return ctl_req_fail(req, CTL_PROTOCOL,
+                            "op '%s' has no descriptor: its table entry "
+                            "was not generated",
+                            ctl_show(shown, sizeof shown, ctl_req_op(req)));
+    ctl_dec_init(&d, req_alloc, req);
+    if (op->args) {
+        a = ctl_dec_alloc(&d, 1, op->args->size);
+        if (!a || ctl_type_decode(args, op->args, a, &d) != 0)
+            return fail_args(req, &d);
+    } else if (no_args(op, args, &d) != 0) {
+        return fail_args(req, &d);
+    }
+    if (op->result && !(result = ctl_dec_alloc(&d, 1, op->result->size)))
+        return fail_args(req, &d);
+    int rc = op->invoke(handlers, a, result, req);
+    if (rc != 0 || !op->result)
+        return rc;
+    if (ctl_type_pack(ctl_req_packer(req), op->result, result) == 0)
         return 0;
     return ctl_req_fail(req, CTL_PROTOCOL,
                         "op '%s': out of memory packing the result",

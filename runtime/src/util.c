@@ -98,3 +98,11 @@ const char *ctl_show(char *buf, size_t buflen, ctl_str s)
     buf[o] = '\0';
     return buf;
 }
+
+uint64_t ctl_load_be(const unsigned char *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}

@@ -39,4 +39,7 @@ int ctl_ms_left(int64_t deadline_ms);
 #define CTL_SHOW_BUF (CTL_SHOW_MAX * 4 + 8)
 const char *ctl_show(char *buf, size_t buflen, ctl_str s);
 
+/* The `n`-byte big-endian unsigned integer at `p` (n <= 8). */
+uint64_t ctl_load_be(const unsigned char *p, unsigned n);
+
 #endif /* CTLRPC_UTIL_INT_H */

@@ -73,7 +73,7 @@ class RenderTest(unittest.TestCase):
         self.assertIn(" * idl/storage.idl:42  op put(key: str, data: bin, pin: bool = false) "
                       "-> u64 raises UnitFull, Busy\n", header)
         self.assertIn(" * Store `data` under `key`", header)
-        self.assertIn("#if CTL_GEN_ABI != 1\n#error", header)
+        self.assertIn("#if CTL_GEN_ABI != 2\n#error", header)
         # Sections in their fixed order.
         order = [header.index(s) for s in ("---- types", "---- client stubs",
                                            "---- server handler table",
@@ -85,10 +85,12 @@ class RenderTest(unittest.TestCase):
         source = self.read(os.path.join(out, "storage.ctl.c")).decode()
         table = source[source.index("static const ctl_op storage__ops[]"):]
         table = table[:table.index("};")]
-        names = [line.split('"')[1] for line in table.splitlines() if line.strip().startswith("{\"")]
+        names = [line.split('"')[1] for line in table.splitlines()
+                 if line.strip().startswith("{.name = \"")]
         self.assertEqual(names, ["put", "get", "describe", "pin", "unpin", "abort", "delete",
                                  "list", "stats"])
-        self.assertIn('{"unpin", storage__serve_unpin, CTL_OP_NOREPLY}', table)
+        self.assertIn('{.name = "unpin", .handler = ctl_stub_serve, .flags = CTL_OP_NOREPLY, '
+                      '.desc = &storage__op_unpin}', table)
 
     def test_depfile_lists_every_idl_read(self):
         dep = os.path.join(self.tmp, "e.d")

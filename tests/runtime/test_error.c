@@ -1,8 +1,8 @@
 /*
  * test_error.c - error kinds, the ctl_error object, and rebuilding errors
- * from error maps (error.h, and ctl_error_from_reply of wire_int.h).
+ * from error maps (error.h, and ctl_env_unpack_error of envelope_int.h).
  *
- * The error-map tests pack maps with the runtime (ctl_wire_pack_error_map)
+ * The error-map tests pack maps with the runtime (pack_error_map)
  * and also by hand with msgpack-c, so both directions are checked against
  * PROTOCOL.md rather than against each other only.
  */
@@ -17,7 +17,25 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "wire_int.h"
+#include "envelope_int.h"
+
+/* Pack an error map with the runtime's packer, from the error it stands
+ * for. */
+static int pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
+                          const char *reason, const ctl_str *blobs, size_t count)
+{
+    ctl_error e;
+    ctl_error_init(&e);
+    if (kind == CTL_BUSY)
+        ctl_error_busy(&e, reason, "%s", msg);
+    else if (kind == CTL_MISSING)
+        ctl_error_missing(&e, blobs, count, "%s", msg);
+    else
+        ctl_error_set(&e, kind, "%s", msg);
+    int rc = ctl_env_pack_error(pk, &e);
+    ctl_error_fini(&e);
+    return rc;
+}
 
 #define ADDR "tcp://127.0.0.1:4242"
 #define OP "put_blob"
@@ -279,7 +297,7 @@ static void test_error_copy_is_deep(void **state)
     tu_pk_str(pk, "blobs");
     msgpack_pack_nil(pk);
     msgpack_object body = unpack_buf(f);
-    ctl_error_from_reply(&src, ADDR, OP, &body);
+    ctl_env_unpack_error(&src, ADDR, OP, &body);
     assert_int_equal(ctl_error_copy(&dst, &src), 0);
     ctl_error_fini(&src);
     assert_int_equal(dst.kind, CTL_TRANSFER);
@@ -311,7 +329,7 @@ static void test_error_clear_and_fini(void **state)
 static void test_error_map_roundtrip_unit_full(void **state)
 {
     fx *f = *state;
-    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_UNIT_FULL,
+    assert_int_equal(pack_error_map(&f->buf.pk, CTL_UNIT_FULL,
                                              "no room for 12 bytes", NULL, NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -323,7 +341,7 @@ static void test_error_map_roundtrip_unit_full(void **state)
     assert_int_equal(tu_obj_get(&body, "reason")->type, MSGPACK_OBJECT_NIL);
     assert_int_equal(tu_obj_get(&body, "blobs")->type, MSGPACK_OBJECT_NIL);
 
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_UNIT_FULL);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_UNIT_FULL);
     assert_int_equal(f->err.kind, CTL_UNIT_FULL);
     assert_int_equal(f->err.cause, CTL_CAUSE_NONE);
     assert_names_addr_op(&f->err);
@@ -333,7 +351,7 @@ static void test_error_map_roundtrip_unit_full(void **state)
 static void test_error_map_roundtrip_busy(void **state)
 {
     fx *f = *state;
-    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_BUSY, "try later",
+    assert_int_equal(pack_error_map(&f->buf.pk, CTL_BUSY, "try later",
                                              "pinned", NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -342,7 +360,7 @@ static void test_error_map_roundtrip_busy(void **state)
     assert_true(tu_obj_is_str(tu_obj_get(&body, "reason"), "pinned"));
     assert_int_equal(tu_obj_get(&body, "blobs")->type, MSGPACK_OBJECT_NIL);
 
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_BUSY);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_BUSY);
     assert_int_equal(f->err.kind, CTL_BUSY);
     assert_string_equal(f->err.reason, "pinned");
     assert_names_addr_op(&f->err);
@@ -353,7 +371,7 @@ static void test_error_map_roundtrip_missing(void **state)
 {
     fx *f = *state;
     ctl_str ids[3] = {{"b-1", 3}, {"b\0-2", 4}, {"", 0}};
-    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_MISSING, "gone",
+    assert_int_equal(pack_error_map(&f->buf.pk, CTL_MISSING, "gone",
                                              NULL, ids, 3),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -363,7 +381,7 @@ static void test_error_map_roundtrip_missing(void **state)
     assert_int_equal(blobs->via.array.size, 3);
     assert_int_equal(tu_obj_get(&body, "reason")->type, MSGPACK_OBJECT_NIL);
 
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_MISSING);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_MISSING);
     assert_int_equal(f->err.blob_count, 3);
     for (size_t i = 0; i < 3; i++) {
         assert_int_equal(f->err.blobs[i].len, ids[i].len);
@@ -387,20 +405,20 @@ static void test_error_map_missing_empty_list(void **state)
     tu_pk_str(pk, "blobs");
     msgpack_pack_array(pk, 0);
     msgpack_object body = unpack_buf(f);
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_MISSING);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_MISSING);
     assert_int_equal(f->err.blob_count, 0);
 }
 
 static void test_error_map_roundtrip_protocol(void **state)
 {
     fx *f = *state;
-    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_PROTOCOL,
+    assert_int_equal(pack_error_map(&f->buf.pk, CTL_PROTOCOL,
                                              "missing argument 'key'", NULL, NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
     assert_true(tu_obj_is_str(tu_obj_get(&body, "kind"), "Protocol"));
 
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_TRANSFER);
     assert_int_equal(f->err.kind, CTL_TRANSFER);
     assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
     assert_non_null(f->err.remote_kind);
@@ -424,7 +442,7 @@ static void test_error_map_foreign_key_order(void **state)
     tu_pk_str(pk, "kind");
     tu_pk_str(pk, "Busy");
     msgpack_object body = unpack_buf(f);
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_BUSY);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_BUSY);
     assert_string_equal(f->err.reason, "draining");
 }
 
@@ -442,7 +460,7 @@ static void test_error_map_unknown_kind(void **state)
     tu_pk_str(pk, "blobs");
     msgpack_pack_nil(pk);
     msgpack_object body = unpack_buf(f);
-    assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_TRANSFER);
     assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
     assert_string_equal(f->err.remote_kind, "Exploded");
     assert_names_addr_op(&f->err);
@@ -466,7 +484,7 @@ static void test_error_map_local_kind_names_are_unknown(void **state)
         tu_pk_str(pk, "blobs");
         msgpack_pack_nil(pk);
         msgpack_object body = unpack_buf(f);
-        assert_int_equal(ctl_error_from_reply(&f->err, ADDR, OP, &body), CTL_TRANSFER);
+        assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_TRANSFER);
         assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
         assert_string_equal(f->err.remote_kind, names[i]);
     }
@@ -552,7 +570,7 @@ static void test_error_map_malformed_is_bad_reply(void **state)
         tu_buf_reset(&f->buf);
         pack_bad_body(&f->buf.pk, which);
         msgpack_object body = unpack_buf(f);
-        int rc = ctl_error_from_reply(&f->err, ADDR, OP, &body);
+        int rc = ctl_env_unpack_error(&f->err, ADDR, OP, &body);
         if (rc != CTL_TRANSFER || f->err.kind != CTL_TRANSFER ||
             f->err.cause != CTL_CAUSE_BAD_REPLY)
             fail_msg("malformed error map #%d gave kind %d cause %d", which,

@@ -161,7 +161,7 @@ static void test_new_bad_service(void **state)
     o.endpoint = "tcp://127.0.0.1:*";
     assert_int_equal(ctl_server_new(NULL, NULL, &o, &s, &f->err), CTL_INVALID);
     assert_null(s);
-    const ctl_service no_ops = {"broken", NULL, 3};
+    const ctl_service no_ops = {.name = "broken", .ops = NULL, .op_count = 3};
     assert_int_equal(ctl_server_new(&no_ops, NULL, &o, &s, &f->err), CTL_INVALID);
     assert_null(s);
     assert_int_equal(ctl_server_new(&tu_service, NULL, &o, NULL, &f->err), CTL_INVALID);
@@ -717,8 +717,8 @@ static int op_keep(void *user, const msgpack_object *args, ctl_req *req)
 static void test_hold_outlives_the_request(void **state)
 {
     (void)state;
-    static const ctl_op ops[] = {{"keep", op_keep, 0}};
-    const ctl_service svc = {"keeper", ops, 1};
+    static const ctl_op ops[] = {{.name = "keep", .handler = op_keep}};
+    const ctl_service svc = {.name = "keeper", .ops = ops, .op_count = 1};
     keeper k = {{NULL, NULL}, 0, 0};
     ctl_server_options so;
     ctl_server *s = NULL;

@@ -1,5 +1,5 @@
 /*
- * test_wire.c - the bounded scan (ctl_wire_check), envelopes (wire_int.h)
+ * test_wire.c - the bounded scan (ctl_wire_check), envelopes (envelope_int.h)
  * and the value readers and writers of wire.h.
  *
  * Truncation tests copy each prefix into a heap block of exactly that size,
@@ -18,7 +18,44 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "wire_int.h"
+#include "envelope_int.h"
+
+/* Pack an error map with the runtime's packer, from the error it stands
+ * for. */
+static int pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
+                          const char *reason, const ctl_str *blobs, size_t count)
+{
+    ctl_error e;
+    ctl_error_init(&e);
+    if (kind == CTL_BUSY)
+        ctl_error_busy(&e, reason, "%s", msg);
+    else if (kind == CTL_MISSING)
+        ctl_error_missing(&e, blobs, count, "%s", msg);
+    else
+        ctl_error_set(&e, kind, "%s", msg);
+    int rc = ctl_env_pack_error(pk, &e);
+    ctl_error_fini(&e);
+    return rc;
+}
+
+/* Append [op, id, args] to `sb` with the runtime's one request framer. */
+static int pack_request(msgpack_sbuffer *sb, ctl_str op, ctl_str id,
+                        const void *args, size_t args_len)
+{
+    ctl_frame fr;
+    size_t size;
+    ctl_frame_begin(&fr, op, id.len);
+    ctl_frame_args(&fr, args, args_len);
+    ctl_frame_set_id(&fr, id);
+    if (fr.failed) {
+        ctl_frame_fini(&fr);
+        return -1;
+    }
+    char *bytes = ctl_frame_take(&fr, &size);
+    int rc = msgpack_sbuffer_write(sb, bytes, size);
+    free(bytes);
+    return rc ? -1 : 0;
+}
 
 typedef struct fx {
     tu_buf buf;  /* scratch packing */
@@ -463,10 +500,10 @@ static void pack_sample_args(tu_buf *a)
 
 static void roundtrip_request(fx *f, ctl_str op, ctl_str id)
 {
-    ctl_request_view v;
+    ctl_env_request v;
     tu_buf_reset(&f->buf);
     msgpack_zone_clear(&f->zone);
-    assert_int_equal(ctl_wire_pack_request(&f->buf.sb, op, id, f->args.sb.data,
+    assert_int_equal(pack_request(&f->buf.sb, op, id, f->args.sb.data,
                                            f->args.sb.size),
                      0);
     /* Byte-exact: msgpack-c packing the same envelope gives the same bytes. */
@@ -481,7 +518,7 @@ static void roundtrip_request(fx *f, ctl_str op, ctl_str id)
     tu_buf_fini(&ref);
 
     memset(&v, 0, sizeof v);
-    assert_int_equal(ctl_wire_decode_request(f->buf.sb.data, f->buf.sb.size, &f->lim,
+    assert_int_equal(ctl_env_decode_request(f->buf.sb.data, f->buf.sb.size, &f->lim,
                                              &f->zone, &v, f->why, sizeof f->why),
                      CTL_DECODE_OK);
     assert_int_equal(v.op.len, op.len);
@@ -527,11 +564,11 @@ static void test_request_id_with_nul_bytes(void **state)
 static void test_request_null_args_is_empty_map(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
-    assert_int_equal(ctl_wire_pack_request(&f->buf.sb, ctl_str_c("stats"),
+    ctl_env_request v;
+    assert_int_equal(pack_request(&f->buf.sb, ctl_str_c("stats"),
                                            ctl_str_c("id1"), NULL, 0),
                      0);
-    assert_int_equal(ctl_wire_decode_request(f->buf.sb.data, f->buf.sb.size, &f->lim,
+    assert_int_equal(ctl_env_decode_request(f->buf.sb.data, f->buf.sb.size, &f->lim,
                                              &f->zone, &v, f->why, sizeof f->why),
                      CTL_DECODE_OK);
     assert_int_equal(v.args.type, MSGPACK_OBJECT_MAP);
@@ -559,7 +596,7 @@ static void pack_parts(tu_buf *b, size_t n, const int *parts, const char *const 
 
 /* Decode `len` bytes from an exact-size copy that stays alive (the views
  * in *v point into it) until the next decode() or teardown. */
-static ctl_decode decode(fx *f, const void *data, size_t len, ctl_request_view *v)
+static ctl_decode decode(fx *f, const void *data, size_t len, ctl_env_request *v)
 {
     free(f->copy);
     f->copy = malloc(len ? len : 1);
@@ -569,14 +606,14 @@ static ctl_decode decode(fx *f, const void *data, size_t len, ctl_request_view *
     msgpack_zone_clear(&f->zone);
     memset(v, 0, sizeof *v);
     f->why[0] = '\0';
-    return ctl_wire_decode_request(len ? f->copy : NULL, len, &f->lim, &f->zone, v,
+    return ctl_env_decode_request(len ? f->copy : NULL, len, &f->lim, &f->zone, v,
                                    f->why, sizeof f->why);
 }
 
 static void test_request_drop_cases(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
+    ctl_env_request v;
     struct {
         size_t n;
         int parts[4];
@@ -618,7 +655,7 @@ static void test_request_drop_cases(void **state)
 static void test_request_truncated_head_dropped(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
+    ctl_env_request v;
     /* Every cut before the id is complete leaves no usable id. */
     tu_pack_request(&f->buf, "echo", "abcdef", 6, NULL, 0);
     size_t id_end = 1 + 5 + 7; /* array, "echo", "abcdef" */
@@ -631,7 +668,7 @@ static void test_request_truncated_head_dropped(void **state)
 static void test_request_bad_args_answered(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
+    ctl_env_request v;
     int argparts[] = {P_INT, P_ARR0, P_NIL, P_STR, P_BIN};
     for (size_t i = 0; i < sizeof argparts / sizeof argparts[0]; i++) {
         int parts[3] = {P_STR, P_STR, argparts[i]};
@@ -652,7 +689,7 @@ static void test_request_bad_args_answered(void **state)
 static void test_request_hostile_args_answered(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
+    ctl_env_request v;
     /* [echo, id, <map32 claiming 4G pairs>] */
     tu_buf_reset(&f->buf);
     msgpack_pack_array(&f->buf.pk, 3);
@@ -719,9 +756,9 @@ static void test_request_hostile_args_answered(void **state)
 static void test_reply_roundtrip_ok(void **state)
 {
     fx *f = *state;
-    ctl_reply_view v;
+    ctl_env_reply v;
     ctl_str id = {"r\0-1", 4};
-    assert_int_equal(ctl_wire_pack_reply_head(&f->buf.pk, id, true), 0);
+    assert_int_equal(ctl_env_pack_reply_head(&f->buf.pk, id, true), 0);
     pack_sample_args(&f->args); /* any object as the result */
     msgpack_sbuffer_write(&f->buf.sb, f->args.sb.data, f->args.sb.size);
     /* Same bytes as a hand-packed reply. */
@@ -735,7 +772,7 @@ static void test_reply_roundtrip_ok(void **state)
     assert_memory_equal(ref.sb.data, f->buf.sb.data, ref.sb.size);
     tu_buf_fini(&ref);
 
-    assert_int_equal(ctl_wire_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
+    assert_int_equal(ctl_env_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
                                            &f->zone, &v, f->why, sizeof f->why),
                      0);
     assert_int_equal(v.id.len, 4);
@@ -747,20 +784,20 @@ static void test_reply_roundtrip_ok(void **state)
 static void test_reply_roundtrip_error(void **state)
 {
     fx *f = *state;
-    ctl_reply_view v;
+    ctl_env_reply v;
     ctl_error err;
     ctl_str blobs[2] = {{"a", 1}, {"bb", 2}};
     ctl_error_init(&err);
-    assert_int_equal(ctl_wire_pack_reply_head(&f->buf.pk, ctl_str_c(""), false), 0);
-    assert_int_equal(ctl_wire_pack_error_map(&f->buf.pk, CTL_MISSING, "lost", NULL,
+    assert_int_equal(ctl_env_pack_reply_head(&f->buf.pk, ctl_str_c(""), false), 0);
+    assert_int_equal(pack_error_map(&f->buf.pk, CTL_MISSING, "lost", NULL,
                                              blobs, 2),
                      0);
-    assert_int_equal(ctl_wire_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
+    assert_int_equal(ctl_env_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
                                            &f->zone, &v, f->why, sizeof f->why),
                      0);
     assert_int_equal(v.id.len, 0);
     assert_false(v.ok);
-    assert_int_equal(ctl_error_from_reply(&err, "tcp://127.0.0.1:1", "get", &v.body),
+    assert_int_equal(ctl_env_unpack_error(&err, "tcp://127.0.0.1:1", "get", &v.body),
                      CTL_MISSING);
     assert_int_equal(err.blob_count, 2);
     assert_memory_equal(err.blobs[1].ptr, "bb", 2);
@@ -770,10 +807,10 @@ static void test_reply_roundtrip_error(void **state)
 static void test_reply_nil_result(void **state)
 {
     fx *f = *state;
-    ctl_reply_view v;
-    assert_int_equal(ctl_wire_pack_reply_head(&f->buf.pk, ctl_str_c("x"), true), 0);
+    ctl_env_reply v;
+    assert_int_equal(ctl_env_pack_reply_head(&f->buf.pk, ctl_str_c("x"), true), 0);
     msgpack_pack_nil(&f->buf.pk);
-    assert_int_equal(ctl_wire_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
+    assert_int_equal(ctl_env_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,
                                            &f->zone, &v, f->why, sizeof f->why),
                      0);
     assert_int_equal(v.body.type, MSGPACK_OBJECT_NIL);
@@ -782,7 +819,7 @@ static void test_reply_nil_result(void **state)
 static void test_reply_malformed(void **state)
 {
     fx *f = *state;
-    ctl_reply_view v;
+    ctl_env_reply v;
     struct {
         size_t n;
         int parts[4];
@@ -800,20 +837,20 @@ static void test_reply_malformed(void **state)
         msgpack_zone_clear(&f->zone);
         pack_parts(&f->buf, cases[i].n, cases[i].parts, cases[i].strs);
         f->why[0] = '\0';
-        if (ctl_wire_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim, &f->zone,
+        if (ctl_env_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim, &f->zone,
                                   &v, f->why, sizeof f->why) != -1)
             fail_msg("malformed reply %zu accepted", i);
         assert_true(strlen(f->why) > 0);
     }
     /* Truncations of a good reply, each in an exact-size block. */
     tu_buf_reset(&f->buf);
-    ctl_wire_pack_reply_head(&f->buf.pk, ctl_str_c("abc"), true);
+    ctl_env_pack_reply_head(&f->buf.pk, ctl_str_c("abc"), true);
     tu_pk_str(&f->buf.pk, "result");
     for (size_t k = 0; k < f->buf.sb.size; k++) {
         unsigned char *copy = malloc(k ? k : 1);
         memcpy(copy, f->buf.sb.data, k);
         msgpack_zone_clear(&f->zone);
-        int rc = ctl_wire_decode_reply(k ? copy : NULL, k, &f->lim, &f->zone, &v,
+        int rc = ctl_env_decode_reply(k ? copy : NULL, k, &f->lim, &f->zone, &v,
                                        f->why, sizeof f->why);
         free(copy);
         if (rc != -1)
@@ -821,11 +858,11 @@ static void test_reply_malformed(void **state)
     }
     /* Hostile bodies. */
     static const unsigned char hostile[] = {0x93, 0xa1, 'x', 0xc3, 0xdd, 0xff, 0xff, 0xff, 0xff};
-    assert_int_equal(ctl_wire_decode_reply(hostile, sizeof hostile, &f->lim, &f->zone, &v,
+    assert_int_equal(ctl_env_decode_reply(hostile, sizeof hostile, &f->lim, &f->zone, &v,
                                            f->why, sizeof f->why),
                      -1);
     static const unsigned char c1[] = {0x93, 0xa1, 'x', 0xc3, 0xc1};
-    assert_int_equal(ctl_wire_decode_reply(c1, sizeof c1, &f->lim, &f->zone, &v,
+    assert_int_equal(ctl_env_decode_reply(c1, sizeof c1, &f->lim, &f->zone, &v,
                                            f->why, sizeof f->why),
                      -1);
 }
@@ -833,10 +870,10 @@ static void test_reply_malformed(void **state)
 static void test_why_buffer_small(void **state)
 {
     fx *f = *state;
-    ctl_request_view v;
+    ctl_env_request v;
     char tiny[4] = {'Z', 'Z', 'Z', 'Z'};
     static const unsigned char bad[] = {0x2a};
-    assert_int_equal(ctl_wire_decode_request(bad, 1, &f->lim, &f->zone, &v, tiny, 4),
+    assert_int_equal(ctl_env_decode_request(bad, 1, &f->lim, &f->zone, &v, tiny, 4),
                      CTL_DECODE_DROP);
     assert_true(memchr(tiny, '\0', 4) != NULL); /* truncated, still terminated */
 }

@@ -372,20 +372,20 @@ static int op_note_fail(void *user, const msgpack_object *args, ctl_req *req)
 }
 
 static const ctl_op tu_ops[] = {
-    {"echo", op_echo, 0},
-    {"sleep", op_sleep, 0},
-    {"fail", op_fail, 0},
-    {"whoami", op_whoami, 0},
-    {"locked", op_locked, 0},
-    {"alloc", op_alloc, 0},
-    {"nothing", op_nothing, 0},
-    {"notes", op_notes, 0},
-    {"note", op_note, CTL_OP_NOREPLY},
-    {"note_fail", op_note_fail, CTL_OP_NOREPLY},
+    {.name = "echo", .handler = op_echo},
+    {.name = "sleep", .handler = op_sleep},
+    {.name = "fail", .handler = op_fail},
+    {.name = "whoami", .handler = op_whoami},
+    {.name = "locked", .handler = op_locked},
+    {.name = "alloc", .handler = op_alloc},
+    {.name = "nothing", .handler = op_nothing},
+    {.name = "notes", .handler = op_notes},
+    {.name = "note", .handler = op_note, .flags = CTL_OP_NOREPLY},
+    {.name = "note_fail", .handler = op_note_fail, .flags = CTL_OP_NOREPLY},
 };
 
-const ctl_service tu_service = {"test", tu_ops,
-                                sizeof tu_ops / sizeof tu_ops[0]};
+const ctl_service tu_service = {.name = "test", .ops = tu_ops,
+    .op_count = sizeof tu_ops / sizeof tu_ops[0]};
 
 int tu_unit_start(tu_unit *u, const ctl_server_options *opts, ctl_error *err)
 {

@@ -607,19 +607,19 @@ static int spy_handler(void *user, const msgpack_object *args, ctl_req *req)
 }
 
 static const ctl_op spy_ops[] = {
-    {"counters", spy_handler, 0},
-    {"echo", spy_handler, 0},
-    {"find", spy_handler, 0},
-    {"forget", spy_handler, CTL_OP_NOREPLY},
-    {"list", spy_handler, 0},
-    {"matrix", spy_handler, 0},
-    {"ping", spy_handler, 0},
-    {"size", spy_handler, 0},
-    {"tune", spy_handler, 0},
+    {.name = "counters", .handler = spy_handler},
+    {.name = "echo", .handler = spy_handler},
+    {.name = "find", .handler = spy_handler},
+    {.name = "forget", .handler = spy_handler, .flags = CTL_OP_NOREPLY},
+    {.name = "list", .handler = spy_handler},
+    {.name = "matrix", .handler = spy_handler},
+    {.name = "ping", .handler = spy_handler},
+    {.name = "size", .handler = spy_handler},
+    {.name = "tune", .handler = spy_handler},
 };
 
-static const ctl_service spy_service = {"spy", spy_ops,
-                                        sizeof spy_ops / sizeof spy_ops[0]};
+static const ctl_service spy_service = {.name = "spy", .ops = spy_ops,
+    .op_count = sizeof spy_ops / sizeof spy_ops[0]};
 
 /* ---- a tiny storage unit for idl/storage.idl ------------------------- */
 

@@ -35,7 +35,7 @@
 #include <msgpack.h>
 
 #include "ctlrpc/error.h"
-#include "ctlrpc/wire.h"
+#include "ctlrpc/codec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,18 +46,25 @@ typedef struct ctl_client ctl_client;
 /* A received reply: owns the message and the decoded result. */
 typedef struct ctl_reply ctl_reply;
 
+/* The defaults of ctl_client_options (the one place they are written). */
+#define CTL_DEFAULT_TIMEOUT_MS 30000 /* the reference design's 30 s */
+#define CTL_DEFAULT_LATE_GRACE_MS 1000
+#define CTL_DEFAULT_MAX_IDLE_PER_ADDRESS 16u
+#define CTL_DEFAULT_MAX_RETIRED 64u
+
 typedef struct ctl_client_options {
     /* Deadline used when a call passes timeout_ms < 0, and for notify's
-     * send. Default 30000 (the reference design's 30 s). */
+     * send. Default CTL_DEFAULT_TIMEOUT_MS. */
     int default_timeout_ms;
     /* How long a retired socket is kept to drain and count late replies
-     * before it is closed. Default 1000. 0 closes at once. */
+     * before it is closed. Default CTL_DEFAULT_LATE_GRACE_MS. 0 closes at
+     * once. */
     int late_grace_ms;
     /* Most idle sockets kept per address; extra ones are closed when
-     * returned. Default 16. */
+     * returned. 0 or default: CTL_DEFAULT_MAX_IDLE_PER_ADDRESS. */
     unsigned max_idle_per_address;
     /* Most retired sockets kept draining at once; beyond it the oldest is
-     * closed early. Default 64. */
+     * closed early. 0 or default: CTL_DEFAULT_MAX_RETIRED. */
     unsigned max_retired;
     /* Bounds for decoding replies; zero fields take the defaults. */
     ctl_limits limits;
@@ -179,7 +186,7 @@ typedef struct ctl_client_stats {
     uint64_t sockets_closed;  /* sockets closed, for any reason */
 } ctl_client_stats;
 
-void ctl_client_stats_get(ctl_client *client, ctl_client_stats *out);
+void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out);
 
 #ifdef __cplusplus
 }

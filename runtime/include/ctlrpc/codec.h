@@ -1,76 +1,119 @@
 /*
- * ctlrpc/codec.h - the decoding context of generated code.
+ * ctlrpc/codec.h - values on the wire: string views, decoding bounds, and
+ * the helpers that read and write msgpack values.
  *
- * Generated decoders turn a msgpack_object (the args map of a request, the
- * result of a reply) into typed C structs. Strings and bins become views
- * into the message; arrays are allocated from the memory that lives as long
- * as the message: the request's scratch memory on a server (ctl_req_alloc),
- * the reply's on a client (ctl_reply_alloc). Nothing is freed one by one.
+ * Everything here works on bytes and msgpack objects; nothing knows about
+ * sockets, envelopes or ops. Handlers of the untyped API (server.h) read
+ * their args and pack their results with these helpers; generated code
+ * uses them through the descriptors of ctlrpc/gen.h.
  *
- * When a value does not fit its declared type, the decoder records what was
- * expected and what came, and each level on the way back out prepends where
- * it was ("[2]", ".size"), so the message names the exact spot:
- * "arg infos[2].size: expected u64, got str" on a unit, "bad reply:
- * result[2].size: ..." on a client. A path too long to keep loses its outer
- * part: "...[2].size".
+ * Messages are msgpack (PROTOCOL.md, "Messages"). Decoding goes through a
+ * bounded scan (ctl_wire_check) before msgpack-c builds any object, so that
+ * a hostile header claiming a 4 GiB array is refused without allocating:
+ * every container's count is checked against the bytes left (each element
+ * takes at least one byte), nesting is capped, and so is the total number of
+ * objects. Once a payload has passed the scan, msgpack-c's unpacker allocates
+ * at most `max_items` objects, and its strings and bins are views into the
+ * payload (no copy).
  *
- * Threading: a ctl_dec belongs to one decoding on one thread.
+ * Threading: every function here is reentrant; none keeps state.
  */
 #ifndef CTLRPC_CODEC_H
 #define CTLRPC_CODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <msgpack.h>
-
-#include "ctlrpc/client.h"
-#include "ctlrpc/error.h"
-#include "ctlrpc/server.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define CTL_DEC_PATH_MAX 160
-#define CTL_DEC_WHAT_MAX 160
+/* A borrowed string: `len` bytes at `ptr`, not necessarily NUL-terminated.
+ * Wire strings may contain NUL bytes; always use `len`. */
+typedef struct ctl_str {
+    const char *ptr;
+    size_t len;
+} ctl_str;
 
-typedef struct ctl_dec {
-    void *(*alloc)(void *owner, size_t size);
-    void *owner;
-    size_t path_start;           /* the path is path[path_start..] */
-    int cut;                     /* the path outgrew its buffer */
-    char path[CTL_DEC_PATH_MAX]; /* built back to front */
-    char what[CTL_DEC_WHAT_MAX];
-} ctl_dec;
+/* Build a view of a NUL-terminated C string (NULL gives the empty view). */
+ctl_str ctl_str_c(const char *s);
 
-/* Decode into memory that lives as long as the request / the reply. */
-void ctl_dec_init_req(ctl_dec *d, ctl_req *req);
-void ctl_dec_init_reply(ctl_dec *d, ctl_reply *reply);
+/* Decoding bounds. A zero field means "the default". */
+typedef struct ctl_limits {
+    size_t max_msg_bytes; /* largest payload accepted; enforced by ZeroMQ
+                             (ZMQ_MAXMSGSIZE) before anything is read.
+                             Default CTL_DEFAULT_MAX_MSG_BYTES. */
+    unsigned max_depth;   /* deepest nesting of arrays/maps; the envelope
+                             counts as level 1. Default CTL_DEFAULT_MAX_DEPTH */
+    size_t max_items;     /* most objects in one message (every scalar,
+                             string, array and map counts one). Default
+                             CTL_DEFAULT_MAX_ITEMS. */
+} ctl_limits;
 
-/* `n` elements of `size` bytes, zeroed; NULL (and the failure recorded)
- * on overflow or when out of memory. n == 0 gives a non-NULL pointer. */
-void *ctl_dec_alloc(ctl_dec *d, size_t n, size_t size);
+#define CTL_DEFAULT_MAX_MSG_BYTES ((size_t)256 << 20) /* 256 MiB */
+#define CTL_DEFAULT_MAX_DEPTH 32u /* msgpack-c's own stack depth */
+#define CTL_DEFAULT_MAX_ITEMS ((size_t)1 << 20)
 
-/* Record a type mismatch: "expected <expected>, got <family of got>", or
- * for an integer outside an integer type ("i32", "u64", ...) "expected u32,
- * got -1 (out of range)". Returns -1. */
-int ctl_dec_mismatch(ctl_dec *d, const char *expected, const msgpack_object *got);
+/* `in` with zero fields replaced by the defaults; `in` may be NULL. */
+ctl_limits ctl_limits_resolve(const ctl_limits *in);
 
-/* Record another failure (printf-style). Returns -1. */
-int ctl_dec_fail(ctl_dec *d, const char *fmt, ...) CTL_PRINTF(2, 3);
+/* Outcome of ctl_wire_check. */
+typedef enum ctl_wire_status {
+    CTL_WIRE_OK = 0,
+    CTL_WIRE_TRUNCATED,  /* the object runs past the end of the bytes */
+    CTL_WIRE_BAD_BYTE,   /* 0xc1, the byte msgpack never uses */
+    CTL_WIRE_TOO_DEEP,   /* nesting beyond max_depth */
+    CTL_WIRE_TOO_MANY,   /* more objects than max_items */
+    CTL_WIRE_BAD_COUNT   /* a container claims more elements than the
+                            bytes left could hold */
+} ctl_wire_status;
 
-/* Prepend a list index / a map key or field name to the path. Return -1,
- * so a decoder can `return ctl_dec_at_index(d, i);` on its way out. */
-int ctl_dec_at_index(ctl_dec *d, size_t index);
-int ctl_dec_at_key(ctl_dec *d, ctl_str key);
+/* A short description of a status ("truncated", ...). Constant string. */
+const char *ctl_wire_status_name(ctl_wire_status status);
 
-/* Where the failure is ("[2].size"; empty at the top) and what it is.
- * NUL-terminated, owned by `d`. */
-const char *ctl_dec_where(const ctl_dec *d);
-const char *ctl_dec_what(const ctl_dec *d);
+/*
+ * Scan exactly one msgpack object at the start of `data` without allocating.
+ * On CTL_WIRE_OK stores its size in bytes in *used (may be NULL); the bytes
+ * after it are not looked at. `depth0` is the nesting level the object sits
+ * at (0 at top level) and `items` (may be NULL) accumulates the object count
+ * across calls so one message's parts share one budget.
+ */
+ctl_wire_status ctl_wire_check(const void *data, size_t len,
+                               const ctl_limits *limits, unsigned depth0,
+                               size_t *items, size_t *used);
 
-/* True when the msgpack str `key` equals the NUL-terminated `name`. */
-int ctl_key_is(const msgpack_object *key, const char *name, size_t name_len);
+/* ---- reading decoded values ------------------------------------------ */
+
+/* Each returns true and stores the value when `o` holds a value of the
+ * right family that fits the C type (any msgpack integer width is accepted;
+ * f64 also accepts float32 and integers), false otherwise. */
+bool ctl_obj_bool(const msgpack_object *o, bool *out);
+bool ctl_obj_i32(const msgpack_object *o, int32_t *out);
+bool ctl_obj_i64(const msgpack_object *o, int64_t *out);
+bool ctl_obj_u32(const msgpack_object *o, uint32_t *out);
+bool ctl_obj_u64(const msgpack_object *o, uint64_t *out);
+bool ctl_obj_f64(const msgpack_object *o, double *out);
+/* str and bin give views into the message (no copy). */
+bool ctl_obj_str(const msgpack_object *o, ctl_str *out);
+bool ctl_obj_bin(const msgpack_object *o, ctl_str *out);
+
+/* The value under string key `key` in map `o`, or NULL when `o` is not a
+ * map or has no such key. Linear in the map's size. */
+const msgpack_object *ctl_obj_get(const msgpack_object *o, const char *key);
+
+/* The msgpack family of `o` as a word for messages ("str", "array", ...). */
+const char *ctl_obj_type_name(const msgpack_object *o);
+
+/* ---- writing -------------------------------------------------------- */
+
+/* Pack a string view as msgpack str / bin. Return 0 or -1 (out of memory). */
+int ctl_pack_str(msgpack_packer *pk, ctl_str s);
+int ctl_pack_bin(msgpack_packer *pk, ctl_str b);
+/* Pack a NUL-terminated string as msgpack str. */
+int ctl_pack_cstr(msgpack_packer *pk, const char *s);
 
 #ifdef __cplusplus
 }

@@ -5,27 +5,23 @@
  * and fill a caller-owned ctl_error; heap objects are made by `_new` and
  * freed by `_destroy(T **)`, which accepts NULL and NULLs the caller's
  * pointer; caller-owned storage is set up by `_init` and released by `_fini`.
+ *
+ * Generated code includes ctlrpc/gen.h as well, the support API only it
+ * calls; user code never needs it.
  */
 #ifndef CTLRPC_CTLRPC_H
 #define CTLRPC_CTLRPC_H
-
-/* The interface generated code is written against. Generated headers check
- * it (`#if CTL_GEN_ABI != N` / `#error`) and must be regenerated when it
- * changes. */
-#define CTL_GEN_ABI 1
 
 #define CTLRPC_VERSION_MAJOR 0
 #define CTLRPC_VERSION_MINOR 1
 #define CTLRPC_VERSION_PATCH 0
 #define CTLRPC_VERSION_STRING "0.1.0"
 
+#include "ctlrpc/codec.h"
 #include "ctlrpc/error.h"
-#include "ctlrpc/wire.h"
 #include "ctlrpc/net.h"
 #include "ctlrpc/curve.h"
 #include "ctlrpc/server.h"
 #include "ctlrpc/client.h"
-#include "ctlrpc/codec.h"
-#include "ctlrpc/stub.h"
 
 #endif /* CTLRPC_CTLRPC_H */

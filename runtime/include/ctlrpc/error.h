@@ -28,6 +28,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 
+#include "ctlrpc/codec.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -39,16 +41,6 @@ extern "C" {
 #else
 #define CTL_PRINTF(fmt_arg, first_arg)
 #endif
-
-/* A borrowed string: `len` bytes at `ptr`, not necessarily NUL-terminated.
- * Wire strings may contain NUL bytes; always use `len`. */
-typedef struct ctl_str {
-    const char *ptr;
-    size_t len;
-} ctl_str;
-
-/* Build a view of a NUL-terminated C string (NULL gives the empty view). */
-ctl_str ctl_str_c(const char *s);
 
 /* X(ENUM, value, wire name, description). Wire names are what the error
  * map's "kind" carries; kinds that never cross the wire still have a name
@@ -138,13 +130,26 @@ int ctl_error_transfer(ctl_error *err, ctl_cause cause, const char *fmt, ...) CT
 
 /* Set a Busy error with `reason` (copied; NULL allowed) and a message. */
 int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
+int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
+                    va_list ap) CTL_PRINTF(3, 0);
 
 /* Set a Missing error naming `count` blob ids (copied) and a message. */
 int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,
                       const char *fmt, ...) CTL_PRINTF(4, 5);
+int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
+                       const char *fmt, va_list ap) CTL_PRINTF(4, 0);
 
-/* Copy `src` into `dst` (which must be initialised; its old contents are
- * released). Returns 0, or CTL_TRANSFER/NOMEM in `dst` if out of memory. */
+/* ctl_error_busy and ctl_error_missing keep their kind even when the reason
+ * or the blob ids cannot be copied (out of memory): the error is still the
+ * unit's answer. Its message then ends with "(details lost: out of
+ * memory)" and `reason` / `blobs` are left empty. */
+
+/*
+ * Copy every field of `src` into `dst` (which must be initialised; its old
+ * contents are released). Returns 0; or, when any part cannot be copied,
+ * CTL_TRANSFER with `dst` holding a CTL_TRANSFER / CTL_CAUSE_NOMEM error
+ * whose message names what was being copied (never a partial copy).
+ */
 int ctl_error_copy(ctl_error *dst, const ctl_error *src);
 
 #ifdef __cplusplus

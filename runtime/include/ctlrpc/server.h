@@ -28,7 +28,7 @@
 #include <msgpack.h>
 
 #include "ctlrpc/error.h"
-#include "ctlrpc/wire.h"
+#include "ctlrpc/codec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,11 +59,19 @@ enum {
     CTL_OP_NOREPLY = 1u << 0 /* notify op: never answered */
 };
 
-/* One op of a service. Names are NUL-terminated and unique in a table. */
+/* The typed description of a generated op (ctlrpc/gen.h). */
+struct ctl_op_desc;
+
+/* One op of a service. Names are NUL-terminated and unique in a table.
+ * Write tables with designated initializers
+ * ({.name = "echo", .handler = on_echo}): fields may be added. */
 typedef struct ctl_op {
     const char *name;
     ctl_handler_fn handler;
     unsigned flags;
+    /* Generated ops: their descriptor, which the generated handler
+     * (ctl_stub_serve) interprets. NULL for hand-written ops. */
+    const struct ctl_op_desc *desc;
 } ctl_op;
 
 /* A table of ops; the server keeps a pointer, so it must outlive the server
@@ -196,7 +204,7 @@ int ctl_req_missing(ctl_req *req, const ctl_str *blobs, size_t count,
 
 /* Fail with an error already built (copied). Returns its kind, or
  * CTL_PROTOCOL if `err` holds CTL_OK or a kind that cannot cross the wire
- * (its message is kept). */
+ * (its message is kept; it is sent as a Protocol error). */
 int ctl_req_fail_error(ctl_req *req, const ctl_error *err);
 
 #ifdef __cplusplus
