@@ -129,7 +129,7 @@ static void node_copy(arena *a, everything_Node *dst, const everything_Node *src
     kids = arena_alloc(a, src->children.count * sizeof *kids);
     for (size_t i = 0; kids && i < src->children.count; i++)
         node_copy(a, &kids[i], &src->children.items[i]);
-    dst->children = (everything_list_Node){kids, kids ? src->children.count : 0};
+    dst->children = (everything_list_Node){.items = kids, .count = kids ? src->children.count : 0};
     dst->parent_label.present = src->parent_label.present;
     if (src->parent_label.present)
         dst->parent_label.value = str_copy(a, src->parent_label.value);
@@ -142,7 +142,7 @@ static void node_copy(arena *a, everything_Node *dst, const everything_Node *src
         named[i].key = str_copy(a, src->by_name.items[i].key);
         node_copy(a, &named[i].value, &src->by_name.items[i].value);
     }
-    dst->by_name = (everything_map_Node){named, named ? src->by_name.count : 0};
+    dst->by_name = (everything_map_Node){.items = named, .count = named ? src->by_name.count : 0};
 }
 
 static void expect_node(const everything_Node *got, const everything_Node *want)
@@ -288,15 +288,15 @@ static int on_echo(void *ctx, const everything_echo_args *a,
     for (size_t i = 0; i < a->containers.names.count; i++)
         names[i] = a->containers.names.items[i];
     names[a->containers.names.count] =
-        (everything_map_str_entry){LIT("tag"), a->tag};
-    r->names = (everything_map_str){names, a->containers.names.count + 1};
+        (everything_map_str_entry){.key = LIT("tag"), .value = a->tag};
+    r->names = (everything_map_str){.items = names, .count = a->containers.names.count + 1};
     for (uint32_t i = 0; i < a->repeat; i++)
         copies[i] = a->scalars;
     for (size_t i = 0; i < a->containers.index.count; i++)
         index[i] = a->containers.index.items[i];
     index[a->containers.index.count] = (everything_map_list_Scalars_entry){
-        LIT("scalars"), {copies, a->repeat}};
-    r->index = (everything_map_list_Scalars){index, a->containers.index.count + 1};
+        .key = LIT("scalars"), .value = {.items = copies, .count = a->repeat}};
+    r->index = (everything_map_list_Scalars){.items = index, .count = a->containers.index.count + 1};
     return 0;
 }
 
@@ -326,7 +326,7 @@ static int on_find(void *ctx, const everything_find_args *a,
             return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
         memset(n, 0, sizeof *n);
         n->label = LIT("le\0af");
-        n->parent_label = (everything_opt_str){true, LIT("")};
+        n->parent_label = (everything_opt_str){.present = true, .value = LIT("")};
         *result = n;
         return 0;
     }
@@ -360,9 +360,9 @@ static int on_matrix(void *ctx, const everything_matrix_args *a,
             return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
         for (uint32_t c = 0; c < a->cols; c++)
             cells[c] = r * 1000.0 + c + 0.25;
-        rows[r] = (everything_list_f64){cells, a->cols};
+        rows[r] = (everything_list_f64){.items = cells, .count = a->cols};
     }
-    *result = (everything_list_list_f64){rows, a->rows};
+    *result = (everything_list_list_f64){.items = rows, .count = a->rows};
     return 0;
 }
 
@@ -387,7 +387,7 @@ static int on_counters(void *ctx, const everything_counters_args *a,
     }
     e[0].value = (uint64_t)atomic_load(&st->pings);
     e[1].value = UINT64_MAX;
-    *result = (everything_map_u64){e, 2};
+    *result = (everything_map_u64){.items = e, .count = 2};
     return 0;
 }
 
@@ -410,13 +410,13 @@ static int on_list(void *ctx, const everything_list_args *a,
     if (s == NULL)
         return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
     if (a->from == NULL) {
-        s[0] = (everything_Stamp){INT64_MIN, 0};
-        s[1] = (everything_Stamp){INT64_MAX, 999999999u};
+        s[0] = (everything_Stamp){.secs = INT64_MIN, .nanos = 0};
+        s[1] = (everything_Stamp){.secs = INT64_MAX, .nanos = 999999999u};
     } else {
         s[0] = *a->from;
-        s[1] = (everything_Stamp){a->from->secs + 1, a->from->nanos};
+        s[1] = (everything_Stamp){.secs = a->from->secs + 1, .nanos = a->from->nanos};
     }
-    *result = (everything_list_Stamp){s, 2};
+    *result = (everything_list_Stamp){.items = s, .count = 2};
     return 0;
 }
 
@@ -716,7 +716,7 @@ static int st_get(void *ctx, const storage_get_args *a, storage_list_bin *result
         const blob *b = store_find(s, a->keys.items[i]);
         out[i] = (ctl_str){(const char *)b->data, b->len};
     }
-    *result = (storage_list_bin){out, a->keys.count};
+    *result = (storage_list_bin){.items = out, .count = a->keys.count};
     return 0;
 }
 
@@ -734,9 +734,13 @@ static int st_describe(void *ctx, const storage_describe_args *a,
         return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
     for (size_t i = 0; i < a->keys.count; i++) {
         const blob *b = store_find(s, a->keys.items[i]);
-        out[i] = (storage_BlobInfo){blob_key(b), b->len, b->pinned, false};
+        storage_BlobInfo_init(&out[i]); /* a field added later keeps its default */
+        out[i].key = blob_key(b);
+        out[i].size = b->len;
+        out[i].pinned = b->pinned;
+        out[i].spilled = false;
     }
-    *result = (storage_list_BlobInfo){out, a->keys.count};
+    *result = (storage_list_BlobInfo){.items = out, .count = a->keys.count};
     return 0;
 }
 
@@ -833,7 +837,7 @@ static int st_list(void *ctx, const storage_list_args *a, storage_list_str *resu
              memcmp(s->slot[i].key, a->prefix.ptr, a->prefix.len) == 0))
             keys[n++] = blob_key(&s->slot[i]);
     qsort(keys, n, sizeof *keys, cmp_view);
-    *result = (storage_list_str){keys, n};
+    *result = (storage_list_str){.items = keys, .count = n};
     return 0;
 }
 
@@ -1083,47 +1087,47 @@ static void big_containers_init(big_containers *b)
     static const int64_t ints[] = {INT64_MIN, -1, 0, 1, INT64_MAX};
     memset(b, 0, sizeof *b);
     memcpy(b->ints, ints, sizeof ints);
-    b->names[0] = (everything_map_str_entry){LIT("k\xc3\xa9y"), LIT("v\0al")};
-    b->names[1] = (everything_map_str_entry){LIT(""), LIT("empty key")};
-    b->names[2] = (everything_map_str_entry){LIT("empty value"), LIT("")};
+    b->names[0] = (everything_map_str_entry){.key = LIT("k\xc3\xa9y"), .value = LIT("v\0al")};
+    b->names[1] = (everything_map_str_entry){.key = LIT(""), .value = LIT("empty key")};
+    b->names[2] = (everything_map_str_entry){.key = LIT("empty value"), .value = LIT("")};
     b->maybe_list[0] = UINT64_MAX;
     b->maybe_list[1] = 0;
-    b->holes[0] = (everything_opt_u64){true, 1};
-    b->holes[1] = (everything_opt_u64){false, 0};
-    b->holes[2] = (everything_opt_u64){true, UINT64_MAX};
-    b->holes[3] = (everything_opt_u64){false, 0};
-    b->holes[4] = (everything_opt_u64){true, 0};
-    b->sparse[0] = (everything_map_opt_f64_entry){LIT("a"), {true, 1.5}};
-    b->sparse[1] = (everything_map_opt_f64_entry){LIT("b"), {false, 0}};
-    b->sparse[2] = (everything_map_opt_f64_entry){LIT("c"), {true, -0.0}};
+    b->holes[0] = (everything_opt_u64){.present = true, .value = 1};
+    b->holes[1] = (everything_opt_u64){.present = false};
+    b->holes[2] = (everything_opt_u64){.present = true, .value = UINT64_MAX};
+    b->holes[3] = (everything_opt_u64){.present = false};
+    b->holes[4] = (everything_opt_u64){.present = true, .value = 0};
+    b->sparse[0] = (everything_map_opt_f64_entry){.key = LIT("a"), .value = {.present = true, .value = 1.5}};
+    b->sparse[1] = (everything_map_opt_f64_entry){.key = LIT("b"), .value = {.present = false}};
+    b->sparse[2] = (everything_map_opt_f64_entry){.key = LIT("c"), .value = {.present = true, .value = -0.0}};
     b->row0[0] = 1;
     b->row0[1] = -2;
     b->row2[0] = INT32_MIN;
     b->row2[1] = INT32_MAX;
     b->row2[2] = 0;
-    b->grid[0] = (everything_list_i32){b->row0, 2};
-    b->grid[1] = (everything_list_i32){NULL, 0};
-    b->grid[2] = (everything_list_i32){b->row2, 3};
+    b->grid[0] = (everything_list_i32){.items = b->row0, .count = 2};
+    b->grid[1] = (everything_list_i32){.items = NULL, .count = 0};
+    b->grid[2] = (everything_list_i32){.items = b->row2, .count = 3};
     b->s2 = zero_scalars();
-    b->index[0] = (everything_map_list_Scalars_entry){LIT("k"), {&b->s2, 1}};
-    b->index[1] = (everything_map_list_Scalars_entry){LIT("none"), {NULL, 0}};
-    b->when_maybe = (everything_Stamp){INT64_MAX, 0};
-    b->empty_map[0] = (everything_map_bin_entry){LIT("x"), LIT("\0\1")};
+    b->index[0] = (everything_map_list_Scalars_entry){.key = LIT("k"), .value = {.items = &b->s2, .count = 1}};
+    b->index[1] = (everything_map_list_Scalars_entry){.key = LIT("none"), .value = {.items = NULL, .count = 0}};
+    b->when_maybe = (everything_Stamp){.secs = INT64_MAX, .nanos = 0};
+    b->empty_map[0] = (everything_map_bin_entry){.key = LIT("x"), .value = LIT("\0\1")};
 
-    b->c.ints = (everything_list_i64){b->ints, 5};
-    b->c.names = (everything_map_str){b->names, 3};
-    b->c.maybe = (everything_opt_str){false, {NULL, 0}};
-    b->c.maybe_list = (everything_opt_list_u64){true, {b->maybe_list, 2}};
-    b->c.holes = (everything_list_opt_u64){b->holes, 5};
-    b->c.sparse = (everything_map_opt_f64){b->sparse, 3};
-    b->c.grid = (everything_list_list_i32){b->grid, 3};
-    b->c.index = (everything_map_list_Scalars){b->index, 2};
-    b->c.when = (everything_Stamp){-5, 999999999u};
+    b->c.ints = (everything_list_i64){.items = b->ints, .count = 5};
+    b->c.names = (everything_map_str){.items = b->names, .count = 3};
+    b->c.maybe = (everything_opt_str){.present = false};
+    b->c.maybe_list = (everything_opt_list_u64){.present = true, .value = {.items = b->maybe_list, .count = 2}};
+    b->c.holes = (everything_list_opt_u64){.items = b->holes, .count = 5};
+    b->c.sparse = (everything_map_opt_f64){.items = b->sparse, .count = 3};
+    b->c.grid = (everything_list_list_i32){.items = b->grid, .count = 3};
+    b->c.index = (everything_map_list_Scalars){.items = b->index, .count = 2};
+    b->c.when = (everything_Stamp){.secs = -5, .nanos = 999999999u};
     b->c.when_maybe = &b->when_maybe;
-    b->c.empty_list = (everything_list_str){NULL, 0};
-    b->c.empty_map = (everything_map_bin){b->empty_map, 1};
-    b->c.maybe_d = (everything_opt_str){false, {NULL, 0}}; /* absent, not "set" */
-    b->c.maybe_null = (everything_opt_u32){true, 7};
+    b->c.empty_list = (everything_list_str){.items = NULL, .count = 0};
+    b->c.empty_map = (everything_map_bin){.items = b->empty_map, .count = 1};
+    b->c.maybe_d = (everything_opt_str){.present = false}; /* absent, not "set" */
+    b->c.maybe_null = (everything_opt_u32){.present = true, .value = 7};
 }
 
 /* A tree that uses every way a Node refers to Nodes:
@@ -1144,24 +1148,24 @@ static void big_tree_init(big_tree *t)
 {
     leaf(&t->g, LIT("g\0nul"));
     leaf(&t->kids[0], LIT("c0"));
-    t->kids[0].parent_label = (everything_opt_str){true, LIT("root")};
+    t->kids[0].parent_label = (everything_opt_str){.present = true, .value = LIT("root")};
     leaf(&t->kids[1], LIT("c1"));
-    t->kids[1].children = (everything_list_Node){&t->g, 1};
-    t->kids[1].parent_label = (everything_opt_str){true, LIT("")};
+    t->kids[1].children = (everything_list_Node){.items = &t->g, .count = 1};
+    t->kids[1].parent_label = (everything_opt_str){.present = true, .value = LIT("")};
     leaf(&t->n2, LIT("\xe2\x9c\x93 \xc3\xbcn\xc3\xaf"));
     leaf(&t->n1, LIT("n1"));
     t->n1.next = &t->n2;
     leaf(&t->by, LIT("by"));
     leaf(&t->bx, LIT("bx"));
-    t->bx_named[0] = (everything_map_Node_entry){LIT("y"), t->by};
-    t->bx.by_name = (everything_map_Node){t->bx_named, 1};
+    t->bx_named[0] = (everything_map_Node_entry){.key = LIT("y"), .value = t->by};
+    t->bx.by_name = (everything_map_Node){.items = t->bx_named, .count = 1};
     leaf(&t->e, LIT(""));
-    t->root_named[0] = (everything_map_Node_entry){LIT("x"), t->bx};
-    t->root_named[1] = (everything_map_Node_entry){LIT(""), t->e};
+    t->root_named[0] = (everything_map_Node_entry){.key = LIT("x"), .value = t->bx};
+    t->root_named[1] = (everything_map_Node_entry){.key = LIT(""), .value = t->e};
     leaf(&t->root, LIT("root"));
-    t->root.children = (everything_list_Node){t->kids, 2};
+    t->root.children = (everything_list_Node){.items = t->kids, .count = 2};
     t->root.next = &t->n1;
-    t->root.by_name = (everything_map_Node){t->root_named, 2};
+    t->root.by_name = (everything_map_Node){.items = t->root_named, .count = 2};
 }
 
 /* The echo result: the sent containers plus names["tag"], index["scalars"]
@@ -1307,7 +1311,7 @@ static void test_echo_every_type(void **state)
     a.scalars = extreme_scalars();
     a.containers = b.c;
     a.tree = t.root;
-    a.note = (everything_opt_str){true, LIT("a note \xe2\x80\x94 with \0 inside")};
+    a.note = (everything_opt_str){.present = true, .value = LIT("a note \xe2\x80\x94 with \0 inside")};
     a.repeat = 3;
     a.tag = LIT("t\xc3\xa4g");
 
@@ -1340,7 +1344,7 @@ static void test_echo_empty_and_absent(void **state)
 
     everything_echo_args_init(&a); /* empty lists and maps, optionals absent */
     a.scalars = zero_scalars();
-    a.containers.maybe_d = (everything_opt_str){false, {NULL, 0}};
+    a.containers.maybe_d = (everything_opt_str){.present = false};
     a.tree.label = LIT("");
     a.tag = LIT("");
     assert_int_equal(everything_echo(f->client, f->addr, &a, CALL_MS, &r,
@@ -1408,7 +1412,7 @@ static void test_scalar_and_container_results(void **state)
     everything_counters_args ca;
     everything_list_Stamp stamps;
     everything_map_u64 counters;
-    everything_Stamp from = {-1, 123};
+    everything_Stamp from = {.secs = -1, .nanos = 123};
     uint64_t size = 0;
 
     everything_size_args_init(&sa);
@@ -1488,7 +1492,7 @@ static void test_defaults_applied_by_unit(void **state)
     ctl_reply_destroy(&f->reply);
 
     everything_forget_args_init(&fa); /* hard = false */
-    fa.names = (everything_list_str){names, 1};
+    fa.names = (everything_list_str){.items = names, .count = 1};
     assert_int_equal(everything_forget(f->client, f->addr, &fa, &f->err), 0);
     assert_int_equal(tu_wait_atleast(&f->st.forgets, 1, WAIT_MS), 1);
     pthread_mutex_lock(&f->st.mu);
@@ -1506,7 +1510,7 @@ static void test_default_args_not_sent(void **state)
     everything_list_args la;
     everything_forget_args fa;
     everything_echo_args ea;
-    everything_Stamp from = {0, 0};
+    everything_Stamp from = EVERYTHING_STAMP_INIT; /* {secs 0, nanos 0} */
     const ctl_str names[] = {LIT("n")};
     int calls = 0;
 
@@ -1550,13 +1554,13 @@ static void test_default_args_not_sent(void **state)
                                      NULL, NULL, &f->err), 0);
     expect_spy_keys(f, ++calls, "scalars,containers,tree,tag");
     ea.repeat = 2;
-    ea.note = (everything_opt_str){true, LIT("")};
+    ea.note = (everything_opt_str){.present = true, .value = LIT("")};
     assert_int_equal(everything_echo(f->client, f->spy_addr, &ea, CALL_MS,
                                      NULL, NULL, &f->err), 0);
     expect_spy_keys(f, ++calls, "scalars,containers,tree,note,repeat,tag");
 
     everything_forget_args_init(&fa);
-    fa.names = (everything_list_str){names, 1};
+    fa.names = (everything_list_str){.items = names, .count = 1};
     assert_int_equal(everything_forget(f->client, f->spy_addr, &fa, &f->err), 0);
     expect_spy_keys(f, ++calls, "names");
     fa.hard = true;
@@ -1569,8 +1573,9 @@ static void test_default_args_not_sent(void **state)
 
 /* Every kind of default (defaults.idl): an arg at its default is left out
  * and the unit applies it; any other value, however close, is sent. */
-static const defaults_Knob knob3 = {3};
-static const defaults_map_Knob_entry one_knob[] = {{{"a", 1}, {3}}};
+static const defaults_Knob knob3 = {.turns = 3};
+static const defaults_map_Knob_entry one_knob[] = {
+    {.key = {"a", 1}, .value = {.turns = 3}}};
 static const uint32_t one_id[] = {0};
 
 static void tune_ratio(defaults_tune_args *a) { a->ratio = 0.5; }
@@ -1582,9 +1587,9 @@ static void tune_on(defaults_tune_args *a) { a->on = false; }
 static void tune_limit_absent(defaults_tune_args *a) { a->limit.present = false; }
 static void tune_limit_other(defaults_tune_args *a) { a->limit.value = 6; }
 static void tune_raw(defaults_tune_args *a) { a->raw = LIT("rax"); }
-static void tune_ids(defaults_tune_args *a) { a->ids = (defaults_list_u32){one_id, 1}; }
-static void tune_note(defaults_tune_args *a) { a->note = (defaults_opt_str){true, LIT("")}; }
-static void tune_knobs(defaults_tune_args *a) { a->knobs = (defaults_map_Knob){one_knob, 1}; }
+static void tune_ids(defaults_tune_args *a) { a->ids = (defaults_list_u32){.items = one_id, .count = 1}; }
+static void tune_note(defaults_tune_args *a) { a->note = (defaults_opt_str){.present = true, .value = LIT("")}; }
+static void tune_knobs(defaults_tune_args *a) { a->knobs = (defaults_map_Knob){.items = one_knob, .count = 1}; }
 static void tune_empty_absent(defaults_tune_args *a) { a->empty.present = false; }
 static void tune_empty_other(defaults_tune_args *a) { a->empty.value = LIT("\0"); }
 static void tune_zero_neg(defaults_tune_args *a) { a->zero.value = -0.0; }
@@ -1928,12 +1933,12 @@ static void test_notify_ops(void **state)
 
     ctl_server_stats_get(f->ev, &before);
     everything_forget_args_init(&fa);
-    fa.names = (everything_list_str){names, 3};
+    fa.names = (everything_list_str){.items = names, .count = 3};
     fa.hard = true;
     assert_int_equal(everything_forget(f->client, f->addr, &fa, &f->err), 0);
     assert_int_equal(everything_poke(f->client, f->addr, &f->err), 0);
     assert_int_equal(everything_poke(f->client, f->addr, &f->err), 0);
-    fa.names = (everything_list_str){failing, 1};
+    fa.names = (everything_list_str){.items = failing, .count = 1};
     fa.hard = false;
     assert_int_equal(everything_forget(f->client, f->addr, &fa, &f->err), 0);
     /* A call after notifies from this thread reaches the unit after them. */
@@ -1953,7 +1958,7 @@ static void test_notify_ops(void **state)
     assert_int_equal(after.replies - before.replies, 1);
 
     /* The first forget's names arrived intact. */
-    fa.names = (everything_list_str){names, 3};
+    fa.names = (everything_list_str){.items = names, .count = 3};
     fa.hard = true;
     assert_int_equal(everything_forget(f->client, f->addr, &fa, &f->err), 0);
     assert_int_equal(tu_wait_atleast(&f->st.forgets, 3, WAIT_MS), 3);
@@ -2644,13 +2649,13 @@ static void test_storage_round_trip(void **state)
     expect_substr(f->err.msg, "100 bytes do not fit");
 
     storage_get_args_init(&ga);
-    ga.keys = (storage_list_str){k21, 2};
+    ga.keys = (storage_list_str){.items = k21, .count = 2};
     assert_int_equal(storage_get(f->client, at, &ga, CALL_MS, &bins, &f->reply, &f->err), 0);
     assert_int_equal(bins.count, 2);
     expect_bytes(bins.items[0], LIT("pinned"));
     expect_bytes(bins.items[1], LIT("\0blob\xff"));
     ctl_reply_destroy(&f->reply);
-    ga.keys = (storage_list_str){some_gone, 3};
+    ga.keys = (storage_list_str){.items = some_gone, .count = 3};
     assert_int_equal(storage_get(f->client, at, &ga, CALL_MS, &bins, &f->reply, &f->err),
                      CTL_MISSING);
     assert_int_equal(f->err.blob_count, 2);
@@ -2658,7 +2663,7 @@ static void test_storage_round_trip(void **state)
     expect_cstr(f->err.blobs[1], "gone");
 
     storage_describe_args_init(&da);
-    da.keys = (storage_list_str){k12, 2};
+    da.keys = (storage_list_str){.items = k12, .count = 2};
     assert_int_equal(storage_describe(f->client, at, &da, CALL_MS, &infos,
                                       &f->reply, &f->err), 0);
     assert_int_equal(infos.count, 2);
@@ -2694,20 +2699,20 @@ static void test_storage_round_trip(void **state)
     ctl_reply_destroy(&f->reply);
 
     storage_pin_args_init(&pia);
-    pia.keys = (storage_list_str){k1, 1};
+    pia.keys = (storage_list_str){.items = k1, .count = 1};
     assert_int_equal(storage_pin(f->client, at, &pia, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 2);
     storage_delete_args_init(&dla);
-    dla.keys = (storage_list_str){k1, 1};
+    dla.keys = (storage_list_str){.items = k1, .count = 1};
     assert_int_equal(storage_delete(f->client, at, &dla, CALL_MS, &n, &f->err), CTL_BUSY);
     assert_string_equal(f->err.reason, "pinned");
     storage_unpin_args_init(&ua);
-    ua.keys = (storage_list_str){k12, 2};
+    ua.keys = (storage_list_str){.items = k12, .count = 2};
     assert_int_equal(storage_unpin(f->client, at, &ua, &f->err), 0);
     assert_int_equal(storage_delete(f->client, at, &dla, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 1);
     storage_abort_args_init(&aa);
-    aa.keys = (storage_list_str){k2, 1};
+    aa.keys = (storage_list_str){.items = k2, .count = 1};
     assert_int_equal(storage_abort(f->client, at, &aa, &f->err), 0);
     assert_int_equal(storage_stats(f->client, at, CALL_MS, &stats, &f->reply, &f->err), 0);
     assert_int_equal(stats.blobs, 0);
