@@ -1,120 +1,72 @@
 /*
- * fuzz_reply.c - the client's side of a reply: from the frames arriving on
- * a DEALER socket to the typed result (or the error) a stub hands back.
+ * fuzz_reply.c - the client's side of a reply: from the messages arriving
+ * for a call to the typed result (or the error) a stub hands back.
  *
- * As in fuzz_unit.c, the runtime's own code is compiled into this file so
- * that it can run without a socket: client.c with zmq_msg_recv and
- * zmq_msg_more renamed to fakes that hand out the fuzz input, stub.c (its
- * take_result is what every generated stub runs on a reply), and the
- * generated storage.ctl.c (its static result decoders). One call is then
- * played as a stub's call plays it once the request is sent: recv_one()
- * reads the frames as a fan-out does on a readable socket (skipping and
- * counting replies for other ids, failing on multi-frame messages and
- * undecodable payloads, turning error maps into ctl_errors with
- * ctl_error_from_reply), and take_result() decodes the result with the
- * op's generated decoder.
+ * The runtime judges a received message in its socket-free core
+ * (runtime/src/call_int.h): the transport (client.c) receives the bytes
+ * into a ctl_reply and calls ctl_call_accept, which tells the call's own
+ * reply (a result or an error map, rebuilt into a ctl_error) from a reply
+ * for another id (a late one: counted and skipped) and from a message
+ * that is no reply at all (more than one frame, an undecodable payload).
+ * A stub then decodes the result with its op's descriptor
+ * (ctl_stub_decode_result, ctlrpc/gen.h). This target links the runtime
+ * (ctlrpc::ctlrpc) and the generated stubs of idl/storage.idl
+ * (storage_stubs) and plays one call that way with plain buffers: each
+ * message goes into a reply handle over an exact-size copy
+ * (ctl_reply_copy_of, so an overread is an ASan report) and through
+ * ctl_call_accept with the call's id, until one ends the call; a result
+ * is decoded with ctl_stub_decode_result and the descriptor of the op,
+ * found by name in storage_service. No client, socket or thread is made.
  *
  * Input: byte 0 picks the op (put, get, describe, pin, delete, list,
  * stats); the rest is messages separated by FUZZ_SEP (fuzz.h), each a
- * flags byte (bit 0: send this message as two frames) and a payload. The
- * call's request id is FUZZ_ID; messages with another id are late replies.
+ * flags byte (bit 0: the message came as two frames) and a payload; empty
+ * messages are skipped. The call's request id is FUZZ_ID; messages with
+ * another id are late replies.
  *
  * What must hold (else the target aborts): a call that ends has either a
  * reply or an error, never both; an error has a kind the API documents and
  * a message naming the address; a Busy/Missing error's reason and blob ids
  * are readable strings; a reply carries the call's id; every view in a
- * decoded result lies in readable memory (each byte is read); replies for
- * other ids are counted as late; and nothing leaks (LeakSanitizer).
+ * decoded result lies in readable memory (each byte is read, walking the
+ * value by the op's result type); a call that does not end has seen only
+ * late replies, all counted; and nothing leaks (LeakSanitizer).
  */
-#define _GNU_SOURCE
+#define _GNU_SOURCE /* memmem in fuzz.h */
 
-#define zmq_msg_recv fuzz_zmq_msg_recv
-#define zmq_msg_more fuzz_zmq_msg_more
-#include "client.c"
-#undef zmq_msg_recv
-#undef zmq_msg_more
+#include <stdbool.h>
 
-#include "stub.c"
-
-#include "storage.ctl.c"
+#include "call_int.h"
+#include "storage.ctl.h"
 
 #include "fuzz.h"
-
-#include <errno.h>
 
 #define FUZZ_ID "0123456789ab"
 #define FUZZ_ADDR "tcp://127.0.0.1:5555"
 
-/* ---- the socket, faked ---------------------------------------------- */
-
-#define MAX_FRAMES (2 * FUZZ_MAX_MSGS)
-
-static struct {
-    fuzz_chunk frame[MAX_FRAMES];
-    int more[MAX_FRAMES];
-    size_t n, next;
-    int last_more;
-} rx;
-
-static void free_copy(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
-int fuzz_zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags)
-{
-    (void)socket;
-    (void)flags;
-    if (rx.next >= rx.n) {
-        errno = EAGAIN;
-        return -1;
-    }
-    size_t i = rx.next++;
-    const fuzz_chunk *f = &rx.frame[i];
-    rx.last_more = rx.more[i];
-    zmq_msg_close(msg);
-    if (f->len == 0)
-        return zmq_msg_init(msg), 0;
-    /* An exact-size heap copy: an overread is an ASan report. */
-    void *copy = malloc(f->len);
-    FUZZ_CHECK(copy != NULL, "out of memory");
-    memcpy(copy, f->data, f->len);
-    FUZZ_CHECK(zmq_msg_init_data(msg, copy, f->len, free_copy, NULL) == 0,
-               "zmq_msg_init_data failed");
-    return (int)f->len;
-}
-
-int fuzz_zmq_msg_more(const zmq_msg_t *msg)
-{
-    (void)msg;
-    return rx.last_more;
-}
-
-/* ---- the call --------------------------------------------------------- */
-
-typedef struct op_info {
-    const char *name;
-    ctl_dec_fn dec;
-} op_info;
-
-static const op_info ops[] = {
-    {"put", storage__dec_put_result},
-    {"get", storage__dec_get_result},
-    {"describe", storage__dec_describe_result},
-    {"pin", storage__dec_pin_result},
-    {"delete", storage__dec_delete_result},
-    {"list", storage__dec_list_result},
-    {"stats", storage__dec_stats_result},
+/* The ops a call can be made to, in the order byte 0 picks them (the ops
+ * of storage.idl that are answered; make_corpus.py's OPS). */
+static const char *const op_names[] = {
+    "put", "get", "describe", "pin", "delete", "list", "stats",
 };
+#define OP_COUNT (sizeof op_names / sizeof op_names[0])
 
-typedef union any_result {
-    uint64_t u64;
-    storage_list_bin bins;
-    storage_list_str strs;
-    storage_list_BlobInfo infos;
-    storage_UnitStats stats;
-} any_result;
+static const ctl_op_desc *descs[OP_COUNT];
+static ctl_limits limits;
+
+static void setup(void)
+{
+    for (size_t i = 0; i < OP_COUNT; i++) {
+        for (size_t j = 0; j < storage_service.op_count; j++)
+            if (strcmp(storage_service.ops[j].name, op_names[i]) == 0)
+                descs[i] = storage_service.ops[j].desc;
+        FUZZ_CHECK(descs[i] != NULL && descs[i]->result != NULL,
+                   "storage_service has no op %s with a result", op_names[i]);
+    }
+    limits = ctl_limits_resolve(NULL);
+}
+
+/* ---- reading what a result holds -------------------------------------- */
 
 static volatile unsigned sink;
 
@@ -127,27 +79,68 @@ static void touch(ctl_str s)
     sink += h;
 }
 
-static void touch_result(const op_info *op, const any_result *r)
+static void touch_bytes(const void *p, size_t n)
 {
-    const char *n = op->name;
-    if (strcmp(n, "get") == 0) {
-        for (size_t i = 0; i < r->bins.count; i++)
-            touch(r->bins.items[i]);
-    } else if (strcmp(n, "list") == 0) {
-        for (size_t i = 0; i < r->strs.count; i++)
-            touch(r->strs.items[i]);
-    } else if (strcmp(n, "describe") == 0) {
-        for (size_t i = 0; i < r->infos.count; i++) {
-            touch(r->infos.items[i].key);
-            sink += (unsigned)r->infos.items[i].size + r->infos.items[i].pinned +
-                    r->infos.items[i].spilled;
+    touch((ctl_str){(const char *)p, n});
+}
+
+/* The layout of list<T> and map<str, T> values (ctlrpc/gen.h). */
+typedef struct any_list {
+    const void *items;
+    size_t count;
+} any_list;
+
+/* Read the C value at `v` of type `t`, following every pointer in it. */
+static void touch_value(const ctl_type *t, const void *v)
+{
+    const char *p = v;
+    switch (t->kind) {
+    case CTL_TYPE_BOOL:
+    case CTL_TYPE_I32:
+    case CTL_TYPE_I64:
+    case CTL_TYPE_U32:
+    case CTL_TYPE_U64:
+    case CTL_TYPE_F64:
+        touch_bytes(v, t->size);
+        break;
+    case CTL_TYPE_STR:
+    case CTL_TYPE_BIN:
+        touch(*(const ctl_str *)v);
+        break;
+    case CTL_TYPE_LIST: {
+        const any_list *l = v;
+        FUZZ_CHECK(l->count == 0 || l->items != NULL, "a %s with NULL items", t->idl);
+        for (size_t i = 0; i < l->count; i++)
+            touch_value(t->elem, (const char *)l->items + i * t->elem_size);
+        break;
+    }
+    case CTL_TYPE_MAP: {
+        const any_list *m = v;
+        FUZZ_CHECK(m->count == 0 || m->items != NULL, "a %s with NULL items", t->idl);
+        for (size_t i = 0; i < m->count; i++) {
+            const char *e = (const char *)m->items + i * t->elem_size;
+            touch(*(const ctl_str *)e);
+            touch_value(t->elem, e + t->value_offset);
         }
-    } else if (strcmp(n, "stats") == 0) {
-        sink += (unsigned)(r->stats.blobs + r->stats.requests);
-    } else {
-        sink += (unsigned)r->u64;
+        break;
+    }
+    case CTL_TYPE_OPTIONAL:
+        if (t->by_pointer) {
+            const void *r = *(const void *const *)v;
+            if (r)
+                touch_value(t->elem, r);
+        } else if (*(const bool *)v) {
+            touch_value(t->elem, p + t->value_offset);
+        }
+        break;
+    case CTL_TYPE_RECORD:
+        for (size_t i = 0; i < t->field_count; i++)
+            touch_value(t->fields[i].type, p + t->fields[i].offset);
+        break;
     }
 }
+
+/* ---- the outcome ------------------------------------------------------ */
 
 static void check_error(const ctl_error *err)
 {
@@ -181,69 +174,83 @@ static void check_error(const ctl_error *err)
     }
 }
 
-static ctl_client *client;
+/* Room for the result of any op (checked against desc->result->size). */
+typedef union any_result {
+    max_align_t align;
+    unsigned char bytes[256];
+} any_result;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!client) {
-        ctl_error e;
-        ctl_error_init(&e);
-        FUZZ_CHECK(ctl_client_new(NULL, &client, &e) == 0, "ctl_client_new: %s", e.msg);
-        ctl_error_fini(&e);
+    static int ready;
+    if (!ready) {
+        setup();
+        ready = 1;
     }
     if (size == 0)
         return 0;
-    const op_info *op = &ops[data[0] % (sizeof ops / sizeof ops[0])];
+    size_t pick = data[0] % OP_COUNT;
+    const char *op = op_names[pick];
+    const ctl_op_desc *desc = descs[pick];
+    const ctl_str id = {FUZZ_ID, sizeof FUZZ_ID - 1};
 
     fuzz_chunk msgs[FUZZ_MAX_MSGS];
     size_t n = fuzz_split(data + 1, size - 1, msgs, FUZZ_MAX_MSGS);
-    memset(&rx, 0, sizeof rx);
-    size_t messages = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (msgs[i].len == 0)
-            continue;
-        fuzz_chunk payload = {msgs[i].data + 1, msgs[i].len - 1};
-        if (msgs[i].data[0] & 1) {
-            rx.more[rx.n] = 1;
-            rx.frame[rx.n++] = payload;
-        }
-        rx.frame[rx.n++] = payload;
-        messages++;
-    }
 
-    ctl_client_stats before, after;
-    ctl_client_stats_get(client, &before);
+    /* As the transport plays a call once its request is sent: judge each
+     * message that arrives until one ends the call. */
     ctl_reply *reply = NULL;
     ctl_error err;
     ctl_error_init(&err);
-    pending p;
-    memset(&p, 0, sizeof p);
-    p.address = FUZZ_ADDR;
-    p.reply = &reply;
-    p.err = &err;
-    memcpy(p.id, FUZZ_ID, sizeof p.id);
-    /* As a fan-out does on a readable socket. p.sock stays NULL: finish()
-     * then has no socket to return or retire. */
-    while (!p.done && recv_one(client, &p, op->name, ZMQ_DONTWAIT) == 0)
-        ;
-    ctl_client_stats_get(client, &after);
+    bool done = false;
+    size_t messages = 0, late = 0;
+    for (size_t i = 0; i < n && !done; i++) {
+        if (msgs[i].len == 0)
+            continue;
+        messages++;
+        size_t frames = (msgs[i].data[0] & 1) ? 2 : 1;
+        ctl_reply *r = ctl_reply_copy_of(msgs[i].data + 1, msgs[i].len - 1);
+        FUZZ_CHECK(r != NULL, "out of memory");
+        ctl_match m = ctl_call_accept(r, frames, id, &limits, FUZZ_ADDR, op, &err);
+        switch (m) {
+        case CTL_MATCH_RESULT:
+            FUZZ_CHECK(frames == 1, "a message of two frames taken as the reply");
+            reply = r;
+            done = true;
+            break;
+        case CTL_MATCH_OTHER:
+            FUZZ_CHECK(err.kind == CTL_OK, "a late reply set the call's error");
+            late++;
+            ctl_reply_destroy(&r);
+            break;
+        case CTL_MATCH_ERROR:
+        case CTL_MATCH_BAD:
+            FUZZ_CHECK(err.kind != CTL_OK, "a call ended by message %zu without an error",
+                       messages);
+            ctl_reply_destroy(&r);
+            done = true;
+            break;
+        default:
+            FUZZ_CHECK(0, "ctl_call_accept answered %d", (int)m);
+        }
+    }
 
-    if (!p.done) {
+    if (!done) {
         FUZZ_CHECK(reply == NULL && err.kind == CTL_OK,
                    "a call that has not ended has an outcome");
-        FUZZ_CHECK(rx.next == rx.n, "frames left unread by an unfinished call");
-        FUZZ_CHECK(after.late_replies - before.late_replies == messages,
-                   "%zu replies for other ids, %llu counted late", messages,
-                   (unsigned long long)(after.late_replies - before.late_replies));
+        FUZZ_CHECK(late == messages, "%zu replies for other ids, %zu counted late",
+                   messages, late);
     } else if (reply) {
         FUZZ_CHECK(err.kind == CTL_OK, "a call with both a reply and an error");
-        ctl_str id = ctl_reply_id(reply);
-        FUZZ_CHECK(id.len == 12 && memcmp(id.ptr, FUZZ_ID, 12) == 0,
+        ctl_str got = ctl_reply_id(reply);
+        FUZZ_CHECK(got.len == id.len && memcmp(got.ptr, id.ptr, id.len) == 0,
                    "the reply carries another id");
         any_result res;
         memset(&res, 0, sizeof res);
-        if (take_result(reply, FUZZ_ADDR, op->name, op->dec, &res, &err) == 0)
-            touch_result(op, &res);
+        FUZZ_CHECK(desc->result->size <= sizeof res, "the result of %s does not fit",
+                   op);
+        if (ctl_stub_decode_result(desc, reply, FUZZ_ADDR, &res, &err) == 0)
+            touch_value(desc->result, &res);
         else
             FUZZ_CHECK(err.kind == CTL_TRANSFER && err.cause == CTL_CAUSE_BAD_REPLY,
                        "a result that does not decode is not a bad reply");

@@ -1,20 +1,23 @@
 /*
- * fuzz_unit.c - the storage unit's request path, from the frames of one
- * received message to the frames of its reply, without a socket.
+ * fuzz_unit.c - the storage unit's request path, from one received message
+ * to the reply it gets, without a socket.
  *
- * The runtime has no socket-free entry point: a ctl_server reads and
- * answers its ROUTER on its own thread (server.c's serve_one). To drive
- * exactly that code at in-process speed, this file compiles server.c into
- * itself with the four ZeroMQ calls serve_one makes on the socket
- * (zmq_msg_recv, zmq_msg_more, zmq_msg_send, zmq_send) renamed to fakes
- * below: the fake receive hands out the frames of the fuzz input, the fake
- * sends record the reply. Everything else is the real thing: the server is
- * made by storage_serve() (the generated entry point; it binds
- * tcp://127.0.0.1:* once and is closed again at once, so its thread never
- * reads a message), requests go through the envelope decoder, the op
- * lookup, the generated args decoders of idl/storage.idl, the storage
- * unit's own handlers (examples/storage/handlers.c) over a real store, the
- * generated result encoders and the error replies.
+ * The runtime serves a message in its socket-free core, ctl_dispatch
+ * (runtime/src/dispatch_int.h): the transport (server.c) only reads the
+ * frames into a ctl_inbound and sends the reply payload the core leaves in
+ * `out`. This target plays the transport's part with plain buffers and
+ * links everything else as it is: the runtime (ctlrpc::ctlrpc), the
+ * generated stubs of idl/storage.idl (storage_stubs: its args decoders,
+ * result encoders and storage_service, the op table) and the storage
+ * unit's handlers over a real store (storage_service library:
+ * examples/storage/handlers.c, store.c). So a request goes through the
+ * frame checks, the envelope decoder, the op lookup, the generated args
+ * decoding, the handler, the result encoding and the error replies of the
+ * real unit. No server, socket or thread is made.
+ *
+ * One handler is this file's: stats. The storage unit's reads the request
+ * counters from its ctl_server, and there is none here; the replacement
+ * reports the same fields, taking the counters from the ctl_dispatch.
  *
  * Input: messages separated by FUZZ_SEP (fuzz.h). The first byte of each
  * says how it is framed, the rest is the payload:
@@ -24,239 +27,136 @@
  *   6    [identity]                       no payload: dropped
  *   7    [identity, "", payload, payload] too many frames: dropped
  * (higher values wrap). Each input gets a fresh store of 1 KiB without a
- * spill directory, so UnitFull is reachable with small inputs.
+ * spill directory (so UnitFull is reachable with small inputs) and a
+ * fresh ctl_dispatch. The payload is handed over as an exact-size heap
+ * copy, so that reading one byte past it is an ASan report.
  *
  * What must hold for every message (else the target aborts):
  *   - a reply comes exactly when the protocol says one is due: the framing
  *     is usable, the payload has an op and an id (PROTOCOL.md "Malformed
- *     input"), and the op is not a notify; dropped messages are counted;
- *   - the reply has the request's framing and identity, is one well-formed
- *     [id, ok, body] with the request's id, an error body is a well-formed
- *     error map (the client would not call it a bad reply), and a result
- *     decodes with the client's generated result decoder of that op (the
- *     two ends of the generated code agree);
+ *     input"), and the op is not a notify; dropped messages are counted
+ *     as dropped, the others as requests;
+ *   - the reply keeps the request's framing: the core asks for the empty
+ *     delimiter exactly when the request had one (the identity frame never
+ *     reaches the core: the transport sends the reply back on the one it
+ *     received);
+ *   - the reply payload is one well-formed [id, ok, body] with the
+ *     request's id, as the client judges it (ctl_call_accept); an error
+ *     body is a well-formed error map (the client would not call it a bad
+ *     reply), and a result decodes with the client's decoder of that op
+ *     (ctl_stub_decode_result with the op's descriptor: the two ends of the
+ *     generated code agree);
  *   - put answers the length of the data it was given.
  * AddressSanitizer and UBSan check every access on the way.
  */
-#define _GNU_SOURCE
+#define _GNU_SOURCE /* memmem in fuzz.h */
 
-/* Only serve_one's socket calls are redirected; zmq_msg_init & co. are
- * the real ones. */
-#define zmq_msg_recv fuzz_zmq_msg_recv
-#define zmq_msg_more fuzz_zmq_msg_more
-#define zmq_msg_send fuzz_zmq_msg_send
-#define zmq_send fuzz_zmq_send
-#include "server.c"
-#undef zmq_msg_recv
-#undef zmq_msg_more
-#undef zmq_msg_send
-#undef zmq_send
+#include <stdatomic.h>
+#include <stdbool.h>
 
-/* The generated client and dispatch code of storage.idl, for its static
- * result decoders (the oracle below); it also provides storage_service and
- * storage_serve to the handlers. */
-#include "storage.ctl.c"
-
+#include "call_int.h"
+#include "dispatch_int.h"
+#include "envelope_int.h"
 #include "handlers.h"
+#include "storage.ctl.h"
+
 #include "fuzz.h"
 
-#include <errno.h>
-
-/* ---- the socket, faked ---------------------------------------------- */
-
-#define MAX_FRAMES 4
-
-static struct {
-    fuzz_chunk frame[MAX_FRAMES];
-    size_t n, next;
-    int more;
-} rx;
-
-static struct {
-    unsigned char *frame[MAX_FRAMES];
-    size_t len[MAX_FRAMES];
-    size_t n;        /* frames of the current reply */
-    int messages;    /* complete messages sent */
-} tx;
-
-static void free_copy(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
-int fuzz_zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags)
-{
-    (void)socket;
-    (void)flags;
-    if (rx.next >= rx.n) {
-        errno = EAGAIN;
-        return -1;
-    }
-    const fuzz_chunk *f = &rx.frame[rx.next++];
-    rx.more = rx.next < rx.n;
-    zmq_msg_close(msg);
-    if (f->len == 0)
-        return zmq_msg_init(msg), 0;
-    /* An exact-size heap copy, so that reading one byte past the payload
-     * is an ASan report (libzmq keeps small messages inline, where an
-     * overread would go unnoticed). */
-    void *copy = malloc(f->len);
-    FUZZ_CHECK(copy != NULL, "out of memory");
-    memcpy(copy, f->data, f->len);
-    FUZZ_CHECK(zmq_msg_init_data(msg, copy, f->len, free_copy, NULL) == 0,
-               "zmq_msg_init_data failed");
-    return (int)f->len;
-}
-
-int fuzz_zmq_msg_more(const zmq_msg_t *msg)
-{
-    (void)msg;
-    return rx.more;
-}
-
-static void record(const void *data, size_t len, int flags)
-{
-    FUZZ_CHECK(tx.messages == 0, "a second reply to one request");
-    FUZZ_CHECK(tx.n < MAX_FRAMES, "a reply of more than %d frames", MAX_FRAMES);
-    tx.frame[tx.n] = malloc(len ? len : 1);
-    FUZZ_CHECK(tx.frame[tx.n] != NULL, "out of memory");
-    if (len)
-        memcpy(tx.frame[tx.n], data, len);
-    tx.len[tx.n++] = len;
-    if (!(flags & ZMQ_SNDMORE))
-        tx.messages++;
-}
-
-int fuzz_zmq_send(void *socket, const void *buf, size_t len, int flags)
-{
-    (void)socket;
-    record(buf, len, flags);
-    return (int)len;
-}
-
-int fuzz_zmq_msg_send(zmq_msg_t *msg, void *socket, int flags)
-{
-    (void)socket;
-    size_t len = zmq_msg_size(msg);
-    record(zmq_msg_data(msg), len, flags);
-    /* As libzmq does on success: the message is consumed, left empty. */
-    zmq_msg_close(msg);
-    zmq_msg_init(msg);
-    return (int)len;
-}
-
-static void tx_reset(void)
-{
-    for (size_t i = 0; i < tx.n; i++)
-        free(tx.frame[i]);
-    memset(&tx, 0, sizeof tx);
-}
+/* Where the reply would come from, for the client's error messages. */
+#define FUZZ_ADDR "tcp://127.0.0.1:5555"
 
 /* ---- the unit --------------------------------------------------------- */
 
 static storage_unit unit = {NULL, NULL, PTHREAD_MUTEX_INITIALIZER};
 static storage_handlers handlers;
+static ctl_dispatch core;
 static ctl_limits limits;
 static int verbose; /* $FUZZ_VERBOSE: one line per message on stderr */
-static int last_ok; /* the last reply checked was a success */
+
+static uint64_t counter(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* The storage unit's stats, with the counters of `core` (see above). */
+static int on_stats(void *ctx, storage_UnitStats *result, ctl_req *req)
+{
+    storage_unit *u = ctx;
+    store_totals t;
+    (void)req;
+    store_totals_get(u->store, &t);
+    storage_UnitStats_init(result);
+    result->blobs = t.blobs;
+    result->bytes = t.bytes;
+    result->capacity = t.capacity;
+    result->pinned = t.pinned;
+    result->spilled = t.spilled;
+    result->requests = counter(&core.counters.requests);
+    result->dropped = counter(&core.counters.dropped);
+    return 0;
+}
 
 static void setup(void)
 {
-    ctl_server_options so;
-    ctl_error err;
-    ctl_error_init(&err);
-    ctl_server_options_init(&so);
-    so.endpoint = "tcp://127.0.0.1:0";
-    so.lock = &unit.lock;
     storage_unit_handlers(&unit, &handlers);
-    FUZZ_CHECK(storage_serve(&handlers, &so, &unit.server, &err) == 0,
-               "cannot start the unit: %s", err.msg);
-    /* Its thread is joined and its socket closed; serve_one is called
-     * directly from here on. */
-    ctl_server_close(unit.server);
+    handlers.on_stats = on_stats;
     limits = ctl_limits_resolve(NULL);
     verbose = getenv("FUZZ_VERBOSE") != NULL;
-    ctl_error_fini(&err);
+}
+
+/* The op of storage_service called `name`, or NULL. */
+static const ctl_op *find_op(ctl_str name)
+{
+    for (size_t i = 0; i < storage_service.op_count; i++) {
+        const ctl_op *op = &storage_service.ops[i];
+        if (strlen(op->name) == name.len && memcmp(op->name, name.ptr, name.len) == 0)
+            return op;
+    }
+    return NULL;
 }
 
 /* ---- the oracle ------------------------------------------------------- */
 
-typedef struct op_info {
-    const char *name;
-    ctl_dec_fn dec_result; /* NULL for notify ops */
-} op_info;
-
-static const op_info ops[] = {
-    {"put", storage__dec_put_result},
-    {"get", storage__dec_get_result},
-    {"describe", storage__dec_describe_result},
-    {"pin", storage__dec_pin_result},
-    {"unpin", NULL},
-    {"abort", NULL},
-    {"delete", storage__dec_delete_result},
-    {"list", storage__dec_list_result},
-    {"stats", storage__dec_stats_result},
-};
-
-static const op_info *find_info(ctl_str name)
-{
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (strlen(ops[i].name) == name.len &&
-            memcmp(ops[i].name, name.ptr, name.len) == 0)
-            return &ops[i];
-    return NULL;
-}
-
-static void *zone_alloc(void *owner, size_t size)
-{
-    return ctl_zone_alloc(owner, size);
-}
-
-/* The result of any op of storage.idl. */
+/* Room for the result of any op (checked against desc->result->size). */
 typedef union any_result {
+    max_align_t align;
     uint64_t u64;
-    storage_list_bin bins;
-    storage_list_str strs;
-    storage_list_BlobInfo infos;
-    storage_UnitStats stats;
+    unsigned char bytes[256];
 } any_result;
 
-static void check_reply(const fuzz_chunk *payload, ctl_decode d,
-                        const ctl_request_view *rq, const op_info *info)
+/* Judge the reply payload as the client does. Returns 1 for a result. */
+static int check_reply(const void *payload, size_t len, ctl_decode dc,
+                       const ctl_env_request *rq, const ctl_op *op)
 {
-    char why[160];
-    msgpack_zone zone;
-    ctl_reply_view v;
-    FUZZ_CHECK(msgpack_zone_init(&zone, 1024), "out of memory");
-    int rc = ctl_wire_decode_reply(payload->data, payload->len, &limits, &zone,
-                                   &v, why, sizeof why);
-    FUZZ_CHECK(rc == 0, "the unit sent a reply the client cannot decode: %s", why);
-    last_ok = v.ok;
-    FUZZ_CHECK(v.id.len == rq->id.len &&
-                   (rq->id.len == 0 || memcmp(v.id.ptr, rq->id.ptr, rq->id.len) == 0),
-               "the reply carries another id");
-    if (!v.ok) {
-        ctl_error err;
-        ctl_error_init(&err);
-        int kind = ctl_error_from_reply(&err, "fuzz", info ? info->name : "?", &v.body);
-        FUZZ_CHECK(kind != CTL_OK && err.msg != NULL, "an error reply without an error");
-        FUZZ_CHECK(!(kind == CTL_TRANSFER && err.cause == CTL_CAUSE_BAD_REPLY),
+    const char *name = op ? op->name : "?";
+    ctl_reply *reply = ctl_reply_copy_of(payload, len);
+    FUZZ_CHECK(reply != NULL, "out of memory");
+    ctl_error err;
+    ctl_error_init(&err);
+    ctl_match m = ctl_call_accept(reply, 1, rq->id, &limits, FUZZ_ADDR, name, &err);
+    FUZZ_CHECK(m != CTL_MATCH_BAD, "the unit sent a reply the client cannot decode: %s",
+               err.msg ? err.msg : "?");
+    FUZZ_CHECK(m != CTL_MATCH_OTHER, "the reply carries another id");
+    if (m == CTL_MATCH_ERROR) {
+        FUZZ_CHECK(err.kind != CTL_OK && err.msg != NULL, "an error reply without an error");
+        FUZZ_CHECK(!(err.kind == CTL_TRANSFER && err.cause == CTL_CAUSE_BAD_REPLY),
                    "the unit sent a malformed error map: %s", err.msg);
-        ctl_error_fini(&err);
     } else {
-        FUZZ_CHECK(info != NULL && d == CTL_DECODE_OK,
+        FUZZ_CHECK(op != NULL && op->desc != NULL && dc == CTL_DECODE_OK,
                    "a success reply to a request that could not be served");
-        ctl_dec dec;
+        ctl_str id = ctl_reply_id(reply);
+        FUZZ_CHECK(id.len == rq->id.len &&
+                       (id.len == 0 || memcmp(id.ptr, rq->id.ptr, id.len) == 0),
+                   "the reply carries another id");
+        const ctl_op_desc *desc = op->desc;
         any_result res;
         memset(&res, 0, sizeof res);
-        ctl_dec_init_reply(&dec, NULL);
-        dec.alloc = zone_alloc;
-        dec.owner = &zone;
-        FUZZ_CHECK(info->dec_result(&v.body, &res, &dec) == 0,
-                   "the client's decoder refuses the unit's %s result: %s: %s",
-                   info->name, ctl_dec_where(&dec), ctl_dec_what(&dec));
-        if (strcmp(info->name, "put") == 0) {
+        FUZZ_CHECK(!desc->result || desc->result->size <= sizeof res,
+                   "the result of %s does not fit any_result", name);
+        FUZZ_CHECK(ctl_stub_decode_result(desc, reply, FUZZ_ADDR, &res, &err) == 0,
+                   "the client's decoder refuses the unit's %s result: %s", name,
+                   err.msg);
+        if (strcmp(name, "put") == 0) {
             const msgpack_object *data = ctl_obj_get(&rq->args, "data");
             FUZZ_CHECK(data && data->type == MSGPACK_OBJECT_BIN &&
                            res.u64 == data->via.bin.size,
@@ -265,39 +165,47 @@ static void check_reply(const fuzz_chunk *payload, ctl_decode d,
                        data ? (unsigned)data->via.bin.size : 0u);
         }
     }
-    msgpack_zone_destroy(&zone);
+    ctl_error_fini(&err);
+    ctl_reply_destroy(&reply);
+    return m == CTL_MATCH_RESULT;
 }
 
 static void serve_message(const fuzz_chunk *msg)
 {
-    static const char identity[] = "\0fuzz";
-    const fuzz_chunk id_frame = {(const uint8_t *)identity, sizeof identity - 1};
-    const fuzz_chunk empty = {(const uint8_t *)"", 0};
-    const fuzz_chunk bad_delim = {(const uint8_t *)"x", 1};
     unsigned mode = msg->len ? msg->data[0] % 8 : 0;
     fuzz_chunk payload = {msg->len ? msg->data + 1 : msg->data,
                           msg->len ? msg->len - 1 : 0};
 
-    memset(&rx, 0, sizeof rx);
-    rx.frame[rx.n++] = id_frame;
+    /* An exact-size heap copy (malloc(0) included: ASan reports any read
+     * of it). */
+    void *copy = malloc(payload.len);
+    FUZZ_CHECK(copy != NULL || payload.len == 0, "out of memory");
+    if (payload.len)
+        memcpy(copy, payload.data, payload.len);
+
+    /* The message as the transport hands it over: the frame count with
+     * the identity, the middle frame's size, the last frame. */
+    ctl_inbound in = {.payload = copy, .payload_len = payload.len};
     switch (mode) {
     case 4:
-        rx.frame[rx.n++] = empty;
-        rx.frame[rx.n++] = payload;
+        in.frames = 3;
+        in.delimiter_len = 0;
         break;
     case 5:
-        rx.frame[rx.n++] = bad_delim;
-        rx.frame[rx.n++] = payload;
+        in.frames = 3;
+        in.delimiter_len = 1;
         break;
     case 6:
+        in.frames = 1;
+        in.payload = NULL;
+        in.payload_len = 0;
         break;
     case 7:
-        rx.frame[rx.n++] = empty;
-        rx.frame[rx.n++] = payload;
-        rx.frame[rx.n++] = payload;
+        in.frames = 4;
+        in.delimiter_len = 0;
         break;
     default:
-        rx.frame[rx.n++] = payload;
+        in.frames = 2;
         break;
     }
     int framed = mode <= 4;
@@ -305,48 +213,54 @@ static void serve_message(const fuzz_chunk *msg)
     /* What the unit should make of it, decoded separately. */
     char why[160];
     msgpack_zone zone;
-    ctl_request_view rq;
+    ctl_env_request rq;
     FUZZ_CHECK(msgpack_zone_init(&zone, 1024), "out of memory");
-    ctl_decode d = ctl_wire_decode_request(payload.data, payload.len, &limits,
+    ctl_decode dc = ctl_env_decode_request(payload.data, payload.len, &limits,
                                            &zone, &rq, why, sizeof why);
-    const op_info *info = d == CTL_DECODE_DROP ? NULL : find_info(rq.op);
-    int answered = framed && d != CTL_DECODE_DROP && !(info && !info->dec_result);
+    const ctl_op *op = dc == CTL_DECODE_DROP ? NULL : find_op(rq.op);
+    int notify = op && (op->flags & CTL_OP_NOREPLY);
+    int answered = framed && dc != CTL_DECODE_DROP && !notify;
 
-    ctl_server_stats before, after;
-    ctl_server_stats_get(unit.server, &before);
-    tx_reset();
-    FUZZ_CHECK(serve_one(unit.server, ZMQ_DONTWAIT) == 0, "serve_one found no message");
-    FUZZ_CHECK(rx.next == rx.n, "serve_one left %zu frames unread", rx.n - rx.next);
-    ctl_server_stats_get(unit.server, &after);
+    uint64_t requests = counter(&core.counters.requests);
+    uint64_t dropped = counter(&core.counters.dropped);
+    bool delimited = false;
+    ctl_verdict v = ctl_dispatch_message(&core, &in, &delimited);
 
-    if (!framed || d == CTL_DECODE_DROP)
-        FUZZ_CHECK(after.dropped == before.dropped + 1,
+    if (!framed || dc == CTL_DECODE_DROP) {
+        FUZZ_CHECK(v == CTL_DISPATCH_DROPPED, "a message to drop was served (mode %u)", mode);
+        FUZZ_CHECK(counter(&core.counters.dropped) == dropped + 1,
                    "a dropped message was not counted");
-    else
-        FUZZ_CHECK(after.requests == before.requests + 1,
-                   "a request was not counted");
-    if (!answered) {
-        FUZZ_CHECK(tx.n == 0, "an answer to a message that gets none (mode %u)", mode);
+        FUZZ_CHECK(counter(&core.counters.requests) == requests,
+                   "a dropped message was counted as a request");
     } else {
-        size_t want = mode == 4 ? 3 : 2;
-        FUZZ_CHECK(tx.messages == 1 && tx.n == want,
-                   "expected one reply of %zu frames, got %d message(s), %zu frames",
-                   want, tx.messages, tx.n);
-        FUZZ_CHECK(tx.len[0] == id_frame.len &&
-                       memcmp(tx.frame[0], identity, id_frame.len) == 0,
-                   "the reply goes to another peer");
-        if (mode == 4)
-            FUZZ_CHECK(tx.len[1] == 0, "the delimiter came back non-empty");
-        fuzz_chunk reply = {tx.frame[want - 1], tx.len[want - 1]};
-        check_reply(&reply, d, &rq, info);
+        FUZZ_CHECK(v != CTL_DISPATCH_DROPPED, "a request was dropped (mode %u)", mode);
+        FUZZ_CHECK(counter(&core.counters.requests) == requests + 1,
+                   "a request was not counted");
+        FUZZ_CHECK(counter(&core.counters.dropped) == dropped,
+                   "a request was counted as dropped");
+    }
+    int ok = 0;
+    if (!answered) {
+        FUZZ_CHECK(v != CTL_DISPATCH_REPLY, "an answer to a message that gets none (mode %u)",
+                   mode);
+    } else {
+        FUZZ_CHECK(v == CTL_DISPATCH_REPLY && core.out.size > 0,
+                   "no reply to a message that is due one (mode %u, verdict %d)", mode,
+                   (int)v);
+        FUZZ_CHECK(delimited == (mode == 4),
+                   "the reply %s an empty delimiter the request %s",
+                   delimited ? "adds" : "drops", delimited ? "did not have" : "had");
+        ok = check_reply(core.out.data, core.out.size, dc, &rq, op);
     }
     if (verbose)
         fprintf(stderr, "fuzz_unit: mode %u, %s, op '%.*s': %s\n", mode,
-                d == CTL_DECODE_OK ? "decoded" : d == CTL_DECODE_BAD ? "bad" : "dropped",
-                d == CTL_DECODE_DROP ? 0 : (int)rq.op.len, rq.op.ptr,
-                !answered ? "no reply" : last_ok ? "ok" : "error");
-    tx_reset();
+                dc == CTL_DECODE_OK ? "decoded" : dc == CTL_DECODE_BAD ? "bad" : "dropped",
+                dc == CTL_DECODE_DROP ? 0 : (int)rq.op.len,
+                dc == CTL_DECODE_DROP ? "" : rq.op.ptr,
+                !answered ? "no reply" : ok ? "ok" : "error");
+    ctl_dispatch_done(&core);
     msgpack_zone_destroy(&zone);
+    free(copy);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -359,6 +273,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ctl_error err;
     ctl_error_init(&err);
     FUZZ_CHECK(store_new(1024, NULL, &unit.store, &err) == 0, "store_new: %s", err.msg);
+    FUZZ_CHECK(ctl_dispatch_init(&core, &storage_service, &handlers, NULL, &limits, &err) == 0,
+               "ctl_dispatch_init: %s", err.msg);
     ctl_error_fini(&err);
 
     fuzz_chunk msgs[FUZZ_MAX_MSGS];
@@ -366,6 +282,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < n; i++)
         serve_message(&msgs[i]);
 
+    ctl_dispatch_fini(&core);
     store_destroy(&unit.store);
     return 0;
 }
