@@ -242,7 +242,7 @@ static int keys_of(const cli *c, int argc, char **argv, const char *cmd,
         return EXIT_LOCAL;
     for (int i = 1; i < argc; i++)
         (*buf)[i - 1] = ctl_str_c(argv[i]);
-    *keys = (storage_list_str){*buf, (size_t)(argc - 1)};
+    *keys = (storage_list_str){.items = *buf, .count = (size_t)(argc - 1)};
     return 0;
 }
 
@@ -355,7 +355,7 @@ static int cmd_get(cli *c, int argc, char **argv)
     int rc = keys_of(c, argc - optind + 1, argv + optind - 1, "get", &buf, &a.keys);
     if (rc)
         return rc;
-    storage_list_bin blobs = {NULL, 0};
+    storage_list_bin blobs = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     ctl_error err;
     ctl_error_init(&err);
@@ -409,7 +409,7 @@ static int cmd_describe(cli *c, int argc, char **argv)
     int rc = keys_of(c, argc, argv, "describe", &buf, &a.keys);
     if (rc)
         return rc;
-    storage_list_BlobInfo infos = {NULL, 0};
+    storage_list_BlobInfo infos = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     ctl_error err;
     ctl_error_init(&err);
@@ -452,10 +452,12 @@ static int cmd_count(cli *c, int argc, char **argv, const char *cmd)
     ctl_error err;
     ctl_error_init(&err);
     if (strcmp(cmd, "pin") == 0) {
-        storage_pin_args a = {keys};
+        storage_pin_args a = STORAGE_PIN_ARGS_INIT;
+        a.keys = keys;
         rc = storage_pin(c->client, c->addresses[0], &a, c->timeout_ms, &n, &err);
     } else {
-        storage_delete_args a = {keys};
+        storage_delete_args a = STORAGE_DELETE_ARGS_INIT;
+        a.keys = keys;
         rc = storage_delete(c->client, c->addresses[0], &a, c->timeout_ms, &n, &err);
     }
     const char *what = strcmp(cmd, "pin") == 0 ? "pinned" : "deleted";
@@ -481,10 +483,12 @@ static int cmd_notify(cli *c, int argc, char **argv, const char *cmd)
     ctl_error err;
     ctl_error_init(&err);
     if (strcmp(cmd, "unpin") == 0) {
-        storage_unpin_args a = {keys};
+        storage_unpin_args a = STORAGE_UNPIN_ARGS_INIT;
+        a.keys = keys;
         rc = storage_unpin(c->client, c->addresses[0], &a, &err);
     } else {
-        storage_abort_args a = {keys};
+        storage_abort_args a = STORAGE_ABORT_ARGS_INIT;
+        a.keys = keys;
         rc = storage_abort(c->client, c->addresses[0], &a, &err);
     }
     if (rc != 0)

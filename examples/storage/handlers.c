@@ -102,7 +102,13 @@ static int on_describe(void *ctx, const storage_describe_args *a,
         return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
     for (size_t i = 0; i < a->keys.count; i++) {
         const store_blob *b = store_find(u->store, a->keys.items[i]);
-        items[i] = (storage_BlobInfo){b->key, b->size, b->pinned, b->spilled};
+        /* From the record's defaults, so a field added to the IDL with a
+         * default keeps it here. */
+        storage_BlobInfo_init(&items[i]);
+        items[i].key = b->key;
+        items[i].size = b->size;
+        items[i].pinned = b->pinned;
+        items[i].spilled = b->spilled;
     }
     result->items = items;
     result->count = a->keys.count;
@@ -220,8 +226,14 @@ static int on_stats(void *ctx, storage_UnitStats *result, ctl_req *req)
     (void)req;
     store_totals_get(u->store, &t);
     ctl_server_stats_get(u->server, &ss);
-    *result = (storage_UnitStats){t.blobs, t.bytes, t.capacity, t.pinned,
-                                  t.spilled, ss.requests, ss.dropped};
+    storage_UnitStats_init(result);
+    result->blobs = t.blobs;
+    result->bytes = t.bytes;
+    result->capacity = t.capacity;
+    result->pinned = t.pinned;
+    result->spilled = t.spilled;
+    result->requests = ss.requests;
+    result->dropped = ss.dropped;
     return 0;
 }
 

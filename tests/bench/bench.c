@@ -430,7 +430,7 @@ static void stub_call_init(stub_call *s, ctl_client *client, const char *address
     s->client = client;
     s->address = address;
     storage_describe_args_init(&s->describe);
-    s->describe.keys = (storage_list_str){small_keys, 1};
+    s->describe.keys = (storage_list_str){.items = small_keys, .count = 1};
 }
 
 static int call_describe(void *arg)
@@ -496,7 +496,7 @@ static int get_blob(ctl_client *client, const char *address, const char *key,
     ctl_error err;
     ctl_str k = ctl_str_c(key);
     storage_get_args_init(&a);
-    a.keys = (storage_list_str){&k, 1};
+    a.keys = (storage_list_str){.items = &k, .count = 1};
     ctl_error_init(&err);
     int rc = storage_get(client, address, &a, CALL_TIMEOUT_MS, &res, &reply, &err);
     if (rc == 0 && (res.count != 1 || res.items[0].len != size))

@@ -126,7 +126,7 @@ static void get_expect(fx *f, const char *addr, const char *key,
                        const unsigned char *want, size_t len)
 {
     ctl_str k = cstr(key);
-    storage_get_args a = {{&k, 1}};
+    storage_get_args a = {.keys = {.items = &k, .count = 1}};
     storage_list_bin blobs;
     ctl_reply *reply = NULL;
     int rc = storage_get(f->client, addr, &a, OK_MS, &blobs, &reply, &f->err);

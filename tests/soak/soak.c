@@ -312,7 +312,7 @@ static void op_get(worker *w, int u)
     pick(w, n, idx);
     for (unsigned i = 0; i < n; i++)
         keys[i] = key_of(&w->slots[u][idx[i]]);
-    storage_get_args a = {{keys, n}};
+    storage_get_args a = {.keys = {.items = keys, .count = n}};
     storage_list_bin blobs;
     ctl_reply *reply = NULL;
     int rc = storage_get(w->client, units[u].endpoint, &a, CALL_MS, &blobs, &reply,
@@ -346,7 +346,7 @@ static int describe(worker *w, int u, const int *idx, unsigned n,
     ctl_str keys[MAX_NAMED];
     for (unsigned i = 0; i < n; i++)
         keys[i] = key_of(&w->slots[u][idx[i]]);
-    storage_describe_args a = {{keys, n}};
+    storage_describe_args a = {.keys = {.items = keys, .count = n}};
     return storage_describe(w->client, units[u].endpoint, &a, CALL_MS, infos,
                             reply, &w->err);
 }
@@ -390,7 +390,7 @@ static void op_pin(worker *w, int u)
     pick(w, n, idx);
     for (unsigned i = 0; i < n; i++)
         keys[i] = key_of(&w->slots[u][idx[i]]);
-    storage_pin_args a = {{keys, n}};
+    storage_pin_args a = {.keys = {.items = keys, .count = n}};
     uint64_t got = 0;
     int rc = storage_pin(w->client, units[u].endpoint, &a, CALL_MS, &got, &w->err);
     if (any_absent(w, u, idx, n)) {
@@ -424,7 +424,7 @@ static void op_delete(worker *w, int u)
         present += s->present;
         pinned |= s->present && s->pinned;
     }
-    storage_delete_args a = {{keys, n}};
+    storage_delete_args a = {.keys = {.items = keys, .count = n}};
     uint64_t got = 0;
     int rc = storage_delete(w->client, units[u].endpoint, &a, CALL_MS, &got, &w->err);
     if (pinned) {
@@ -538,10 +538,10 @@ static void op_notify(worker *w, int u, bool is_abort)
         keys[i] = key_of(&w->slots[u][idx[i]]);
     int rc;
     if (is_abort) {
-        storage_abort_args a = {{keys, n}};
+        storage_abort_args a = {.keys = {.items = keys, .count = n}};
         rc = storage_abort(w->client, units[u].endpoint, &a, &w->err);
     } else {
-        storage_unpin_args a = {{keys, n}};
+        storage_unpin_args a = {.keys = {.items = keys, .count = n}};
         rc = storage_unpin(w->client, units[u].endpoint, &a, &w->err);
     }
     if (rc != 0) {
@@ -662,7 +662,7 @@ static void final_check(worker *w)
             if (!w->slots[u][i].present)
                 continue;
             ctl_str k = key_of(&w->slots[u][i]);
-            storage_get_args a = {{&k, 1}};
+            storage_get_args a = {.keys = {.items = &k, .count = 1}};
             storage_list_bin blobs;
             ctl_reply *reply = NULL;
             int rc = storage_get(w->client, units[u].endpoint, &a, CALL_MS, &blobs,

@@ -267,7 +267,7 @@ static void put_ok(fx *f, ctl_str key, ctl_str data, bool pin)
 
 static storage_list_str keys_of(const ctl_str *k, size_t n)
 {
-    return (storage_list_str){k, n};
+    return (storage_list_str){.items = k, .count = n};
 }
 
 static storage_UnitStats stats(fx *f)
@@ -285,8 +285,8 @@ static storage_UnitStats stats(fx *f)
 /* Get `n` keys and compare with `want` (NULL: only check the call works). */
 static void get_expect(fx *f, const ctl_str *keys, size_t n, const ctl_str *want)
 {
-    storage_get_args a = {keys_of(keys, n)};
-    storage_list_bin blobs = {NULL, 0};
+    storage_get_args a = {.keys = keys_of(keys, n)};
+    storage_list_bin blobs = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     int rc = storage_get(f->client, f->endpoint, &a, CALL_MS, &blobs, &reply, &f->err);
     if (rc != 0)
@@ -307,7 +307,7 @@ static void list_expect(fx *f, const char *prefix, const ctl_str *want, size_t n
     storage_list_args_init(&a);
     if (prefix)
         a.prefix = ctl_str_c(prefix);
-    storage_list_str keys = {NULL, 0};
+    storage_list_str keys = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     int rc = storage_list(f->client, f->endpoint, &a, CALL_MS, &keys, &reply, &f->err);
     if (rc != 0)
@@ -322,8 +322,8 @@ static void list_expect(fx *f, const char *prefix, const ctl_str *want, size_t n
 
 static storage_BlobInfo describe_one(fx *f, ctl_str key)
 {
-    storage_describe_args a = {keys_of(&key, 1)};
-    storage_list_BlobInfo infos = {NULL, 0};
+    storage_describe_args a = {.keys = keys_of(&key, 1)};
+    storage_list_BlobInfo infos = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     int rc = storage_describe(f->client, f->endpoint, &a, CALL_MS, &infos, &reply, &f->err);
     if (rc != 0)
@@ -492,7 +492,7 @@ static void test_put_pinned_is_busy(void **state)
     /* Pinned by the pin op rather than by put: the same. */
     put_ok(f, S("q"), S("v1"), false);
     const ctl_str q[] = {S("q")};
-    storage_pin_args pa = {keys_of(q, 1)};
+    storage_pin_args pa = {.keys = keys_of(q, 1)};
     uint64_t n = 0;
     assert_int_equal(storage_pin(f->client, f->endpoint, &pa, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 1);
@@ -533,7 +533,7 @@ static void test_unit_full(void **state)
     assert_int_equal(s.bytes, 1000);
     /* After a delete there is room again. */
     const ctl_str del[] = {S("b")};
-    storage_delete_args da = {keys_of(del, 1)};
+    storage_delete_args da = {.keys = keys_of(del, 1)};
     uint64_t n = 0;
     assert_int_equal(storage_delete(f->client, f->endpoint, &da, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 1);
@@ -553,20 +553,20 @@ static void test_missing_names_absent_keys(void **state)
     storage_list_str keys = keys_of(ask, N_OF(ask));
     ctl_reply *reply = NULL;
 
-    storage_get_args ga = {keys};
-    storage_list_bin blobs = {NULL, 0};
+    storage_get_args ga = {.keys = keys};
+    storage_list_bin blobs = {.items = NULL, .count = 0};
     int rc = storage_get(f->client, f->endpoint, &ga, CALL_MS, &blobs, &reply, &f->err);
     assert_missing(f, rc, absent, N_OF(absent));
     assert_null(reply);
     assert_non_null(strstr(f->err.msg, "get"));
 
-    storage_describe_args da = {keys};
-    storage_list_BlobInfo infos = {NULL, 0};
+    storage_describe_args da = {.keys = keys};
+    storage_list_BlobInfo infos = {.items = NULL, .count = 0};
     rc = storage_describe(f->client, f->endpoint, &da, CALL_MS, &infos, &reply, &f->err);
     assert_missing(f, rc, absent, N_OF(absent));
     assert_null(reply);
 
-    storage_pin_args pa = {keys};
+    storage_pin_args pa = {.keys = keys};
     uint64_t n = 99;
     rc = storage_pin(f->client, f->endpoint, &pa, CALL_MS, &n, &f->err);
     assert_missing(f, rc, absent, N_OF(absent));
@@ -591,8 +591,8 @@ static void test_describe(void **state)
     put_ok(f, S("one"), S("1"), false);
     put_ok(f, S("three"), S("333"), true);
     const ctl_str ask[] = {S("three"), S("one"), S("three")};
-    storage_describe_args a = {keys_of(ask, N_OF(ask))};
-    storage_list_BlobInfo infos = {NULL, 0};
+    storage_describe_args a = {.keys = keys_of(ask, N_OF(ask))};
+    storage_list_BlobInfo infos = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     assert_int_equal(storage_describe(f->client, f->endpoint, &a, CALL_MS, &infos,
                                       &reply, &f->err), 0);
@@ -616,7 +616,7 @@ static void test_pin_counts_distinct(void **state)
     put_ok(f, S("b"), S("2"), true);
     put_ok(f, S("c"), S("3"), false);
     const ctl_str ask[] = {S("a"), S("b"), S("a")};
-    storage_pin_args a = {keys_of(ask, N_OF(ask))};
+    storage_pin_args a = {.keys = keys_of(ask, N_OF(ask))};
     uint64_t n = 0;
     assert_int_equal(storage_pin(f->client, f->endpoint, &a, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 2); /* a and b are now pinned (b already was) */
@@ -638,7 +638,7 @@ static void test_unpin_abort_notify(void **state)
     /* A notify and a later call from this thread reach the unit in order
      * (client.h), so the list right after it sees its effect. */
     const ctl_str ab[] = {S("kept"), S("dropped"), S("never-there")};
-    storage_abort_args aa = {keys_of(ab, N_OF(ab))};
+    storage_abort_args aa = {.keys = keys_of(ab, N_OF(ab))};
     assert_int_equal(storage_abort(f->client, f->endpoint, &aa, &f->err), 0);
     const ctl_str after_abort[] = {S("kept"), S("other")};
     list_expect(f, NULL, after_abort, 2);
@@ -648,7 +648,7 @@ static void test_unpin_abort_notify(void **state)
     assert_int_equal(s.pinned, 1);
 
     const ctl_str up[] = {S("kept"), S("unknown"), S("kept")};
-    storage_unpin_args ua = {keys_of(up, N_OF(up))};
+    storage_unpin_args ua = {.keys = keys_of(up, N_OF(up))};
     assert_int_equal(storage_unpin(f->client, f->endpoint, &ua, &f->err), 0);
     assert_false(describe_one(f, S("kept")).pinned);
     assert_int_equal(stats(f).pinned, 0);
@@ -680,7 +680,7 @@ static void test_delete(void **state)
     put_ok(f, S("b"), S("22"), true);
     put_ok(f, S("c"), S("333"), false);
     const ctl_str ask[] = {S("a"), S("b"), S("c")};
-    storage_delete_args a = {keys_of(ask, N_OF(ask))};
+    storage_delete_args a = {.keys = keys_of(ask, N_OF(ask))};
     uint64_t n = 99;
     assert_busy_pinned(f, storage_delete(f->client, f->endpoint, &a, CALL_MS, &n, &f->err));
     /* Nothing was deleted. */
@@ -741,7 +741,7 @@ static void test_stats_requests(void **state)
     assert_int_equal(s1.requests, s0.requests + 5);
     /* Failed calls are served requests too. */
     const ctl_str gone[] = {S("gone")};
-    storage_get_args ga = {keys_of(gone, 1)};
+    storage_get_args ga = {.keys = keys_of(gone, 1)};
     ctl_reply *reply = NULL;
     storage_list_bin blobs;
     assert_int_equal(storage_get(f->client, f->endpoint, &ga, CALL_MS, &blobs, &reply,
@@ -1015,11 +1015,11 @@ static void test_spill_beyond_capacity(void **state)
      * file goes); deleting and aborting spilled blobs removes their files. */
     put_ok(f, keys[1], S(""), false);
     assert_false(describe_one(f, keys[1]).spilled);
-    storage_delete_args da = {keys_of(keys + 2, 3)};
+    storage_delete_args da = {.keys = keys_of(keys + 2, 3)};
     uint64_t n = 0;
     assert_int_equal(storage_delete(f->client, f->endpoint, &da, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 3);
-    storage_abort_args aa = {keys_of(keys + 5, 2)};
+    storage_abort_args aa = {.keys = keys_of(keys + 5, 2)};
     assert_int_equal(storage_abort(f->client, f->endpoint, &aa, &f->err), 0);
     s = stats(f);
     assert_int_equal(s.blobs, N + 1 - 5);
@@ -1053,7 +1053,7 @@ static void test_spill_file_lost(void **state)
     assert_int_equal(removed, 1);
 
     const ctl_str k[] = {S("spilled")};
-    storage_get_args ga = {keys_of(k, 1)};
+    storage_get_args ga = {.keys = keys_of(k, 1)};
     storage_list_bin blobs;
     ctl_reply *reply = NULL;
     int rc = storage_get(f->client, f->endpoint, &ga, CALL_MS, &blobs, &reply, &f->err);
@@ -1061,7 +1061,7 @@ static void test_spill_file_lost(void **state)
     assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
     assert_string_equal(f->err.remote_kind, "Protocol");
     /* Still listed, still deletable, and the unit still serves. */
-    storage_delete_args da = {keys_of(k, 1)};
+    storage_delete_args da = {.keys = keys_of(k, 1)};
     uint64_t n = 0;
     assert_int_equal(storage_delete(f->client, f->endpoint, &da, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, 1);
@@ -1109,7 +1109,7 @@ static void test_spill_hostile_keys(void **state)
     /* Every key comes back from list exactly as sent. */
     storage_list_args la;
     storage_list_args_init(&la);
-    storage_list_str listed = {NULL, 0};
+    storage_list_str listed = {.items = NULL, .count = 0};
     ctl_reply *reply = NULL;
     assert_int_equal(storage_list(f->client, f->endpoint, &la, CALL_MS, &listed, &reply,
                                   &f->err), 0);
@@ -1138,7 +1138,7 @@ static void test_spill_hostile_keys(void **state)
     assert_int_equal(access("/abs/path", F_OK), -1);
 
     /* Deleting them all leaves the spill directory empty. */
-    storage_delete_args da = {keys_of(keys, N)};
+    storage_delete_args da = {.keys = keys_of(keys, N)};
     uint64_t n = 0;
     assert_int_equal(storage_delete(f->client, f->endpoint, &da, CALL_MS, &n, &f->err), 0);
     assert_int_equal(n, N);
@@ -1213,7 +1213,7 @@ static void test_timeout_frozen_unit(void **state)
     put_ok(f, S("k"), S("v"), false);
     unit_freeze(f);
     const ctl_str k[] = {S("k")};
-    storage_get_args ga = {keys_of(k, 1)};
+    storage_get_args ga = {.keys = keys_of(k, 1)};
     storage_list_bin blobs;
     ctl_reply *reply = NULL;
     int64_t t0 = tu_now_ms();
@@ -1243,7 +1243,7 @@ static void *call_until_failure(void *arg)
 {
     caller *c = arg;
     const ctl_str k[] = {S("big")};
-    storage_get_args ga = {keys_of(k, 1)};
+    storage_get_args ga = {.keys = keys_of(k, 1)};
     ctl_error err;
     ctl_error_init(&err);
     for (;;) {
@@ -1308,7 +1308,7 @@ static void test_sigkill_mid_call(void **state)
     assert_int_equal(started, 0);
     assert_string_equal(f->endpoint, endpoint);
     const ctl_str k[] = {S("big")};
-    storage_get_args ga = {keys_of(k, 1)};
+    storage_get_args ga = {.keys = keys_of(k, 1)};
     storage_list_bin blobs;
     ctl_reply *reply = NULL;
     assert_int_equal(storage_get(f->client, f->endpoint, &ga, CALL_MS, &blobs, &reply,
