@@ -225,7 +225,11 @@ static int on_stats(void *ctx, storage_UnitStats *result, ctl_req *req)
     ctl_server_stats ss;
     (void)req;
     store_totals_get(u->store, &t);
-    ctl_server_stats_get(u->server, &ss);
+    /* A unit served without a ctl_server (a dispatch core in a test) has
+     * no server counters to report. */
+    memset(&ss, 0, sizeof ss);
+    if (u->server)
+        ctl_server_stats_get(u->server, &ss);
     storage_UnitStats_init(result);
     result->blobs = t.blobs;
     result->bytes = t.bytes;

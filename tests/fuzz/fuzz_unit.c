@@ -15,9 +15,8 @@
  * decoding, the handler, the result encoding and the error replies of the
  * real unit. No server, socket or thread is made.
  *
- * One handler is this file's: stats. The storage unit's reads the request
- * counters from its ctl_server, and there is none here; the replacement
- * reports the same fields, taking the counters from the ctl_dispatch.
+ * Every handler is the unit's own; stats, which has no ctl_server here,
+ * reports its server counters as zero.
  *
  * Input: messages separated by FUZZ_SEP (fuzz.h). The first byte of each
  * says how it is framed, the rest is the payload:
@@ -78,28 +77,9 @@ static uint64_t counter(_Atomic uint64_t *c)
     return atomic_load_explicit(c, memory_order_relaxed);
 }
 
-/* The storage unit's stats, with the counters of `core` (see above). */
-static int on_stats(void *ctx, storage_UnitStats *result, ctl_req *req)
-{
-    storage_unit *u = ctx;
-    store_totals t;
-    (void)req;
-    store_totals_get(u->store, &t);
-    storage_UnitStats_init(result);
-    result->blobs = t.blobs;
-    result->bytes = t.bytes;
-    result->capacity = t.capacity;
-    result->pinned = t.pinned;
-    result->spilled = t.spilled;
-    result->requests = counter(&core.counters.requests);
-    result->dropped = counter(&core.counters.dropped);
-    return 0;
-}
-
 static void setup(void)
 {
     storage_unit_handlers(&unit, &handlers);
-    handlers.on_stats = on_stats;
     limits = ctl_limits_resolve(NULL);
     verbose = getenv("FUZZ_VERBOSE") != NULL;
 }
