@@ -1,0 +1,25 @@
+# core_imports_no_libzmq: fail if any object of the runtime's cores
+# (OBJECTS, a ;-list) refers to a libzmq symbol. Run by ctest with
+#   cmake -D OBJECTS=... -D NM=... -P core_imports.cmake
+if(NOT OBJECTS OR NOT NM)
+  message(FATAL_ERROR "core_imports.cmake: OBJECTS and NM are required")
+endif()
+set(bad "")
+foreach(obj IN LISTS OBJECTS)
+  execute_process(COMMAND ${NM} -u ${obj} OUTPUT_VARIABLE undefined
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cannot read the symbols of ${obj} with ${NM}")
+  endif()
+  string(REGEX MATCHALL "zmq_[A-Za-z0-9_]+" found "${undefined}")
+  if(found)
+    list(REMOVE_DUPLICATES found)
+    get_filename_component(name ${obj} NAME)
+    list(APPEND bad "${name}: ${found}")
+  endif()
+endforeach()
+list(LENGTH OBJECTS n)
+if(bad)
+  message(FATAL_ERROR "the runtime's cores must not use libzmq, but:\n  ${bad}")
+endif()
+message(STATUS "${n} core objects, none refers to libzmq")
