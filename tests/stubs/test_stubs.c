@@ -8,17 +8,27 @@
  * Values are checked field by field after a full trip (client encoder ->
  * unit decoder -> handler -> unit encoder -> client decoder): scalars at
  * their extremes, strings with NUL bytes and UTF-8, empty and nested
- * containers, optionals present and absent, recursive records. Peers the
- * generated code does not control are played two ways: a "spy" unit written
+ * containers, optionals present and absent, recursive records. A peer the
+ * generated code does not control is played by a "spy" unit written
  * with the runtime API alone (a ctl_service of its own under the same op
  * names) records the raw args map it receives and answers whatever the test
  * scripts (results of the wrong shape, records with only their required
- * fields); and raw ctl_client_call()s with hand-packed args maps feed the
- * generated decoders bad input, checking that the Protocol error names the
- * exact spot ("arg tree.children[1].label: expected str, got int").
+ * fields).
  *
- * Handlers run on the unit's thread: they only record into atomics or
- * under a mutex; every assertion runs on the test's thread.
+ * Bad input needs no sockets at all: the runtime's cores (dispatch_int.h,
+ * call_int.h) are driven with plain buffers. Hand-packed requests go
+ * through a ctl_dispatch serving everything_service (and storage_service),
+ * and every refusal is checked byte for byte against the error map
+ * PROTOCOL.md describes, naming the exact spot ("arg
+ * tree.children[1].label: expected str, got int"), then read back by the
+ * call core as a client would. Hand-packed replies go through
+ * ctl_call_accept and ctl_stub_decode_result, whose "bad reply: result..."
+ * messages are checked whole. One refusal and one bad result still make
+ * the trip over TCP (test_bad_input_over_tcp).
+ *
+ * Handlers run on the unit's thread (or, for the core tests, on the test's
+ * own): they only record into atomics or under a mutex; every assertion
+ * runs on the test's thread.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,6 +49,11 @@
 #include "everything.ctl.h"
 #include "storage.ctl.h"
 #include "testutil.h"
+
+/* The runtime's socket-free cores (runtime/src). */
+#include "call_int.h"
+#include "dispatch_int.h"
+#include "envelope_int.h"
 
 #define CALL_MS 10000 /* deadline for calls that must succeed */
 #define WAIT_MS 5000  /* how long to wait for a notify to land */
@@ -189,8 +204,9 @@ static void expect_scalars(const everything_Scalars *got,
     expect_bytes(got->blob_d, want->blob_d);
 }
 
-/* The IDL's defaults for Scalars' defaulted fields. Records have no
- * generated init function, and the encoder sends every field. */
+/* The IDL's defaults for Scalars' defaulted fields, written out by hand
+ * (independently of everything_Scalars_init); the encoder sends every
+ * field of a record. */
 static void scalars_defaults(everything_Scalars *s)
 {
     memset(s, 0, sizeof *s);
@@ -529,23 +545,10 @@ static void pack_min_containers(msgpack_packer *pk, bool bad_holes)
     msgpack_pack_int64(pk, 42);
 }
 
-static int spy_handler(void *user, const msgpack_object *args, ctl_req *req)
+/* The answer of `mode` (also packed by hand for the call core's tests). */
+static void pack_answer(msgpack_packer *pk, spy_mode mode)
 {
-    spy *s = user;
-    msgpack_packer *pk = ctl_req_packer(req);
-    pthread_mutex_lock(&s->mu);
-    s->keys[0] = '\0';
-    for (uint32_t i = 0; i < args->via.map.size; i++) {
-        const msgpack_object *k = &args->via.map.ptr[i].key;
-        size_t used = strlen(s->keys);
-        if (k->type == MSGPACK_OBJECT_STR)
-            snprintf(s->keys + used, sizeof s->keys - used, "%s%.*s",
-                     i ? "," : "", (int)k->via.str.size, k->via.str.ptr);
-    }
-    pthread_mutex_unlock(&s->mu);
-    atomic_fetch_add(&s->calls, 1);
-
-    switch ((spy_mode)atomic_load(&s->mode)) {
+    switch (mode) {
     case SPY_NIL:
         msgpack_pack_nil(pk);
         break;
@@ -603,6 +606,24 @@ static int spy_handler(void *user, const msgpack_object *args, ctl_req *req)
         pack_min_containers(pk, true);
         break;
     }
+}
+
+static int spy_handler(void *user, const msgpack_object *args, ctl_req *req)
+{
+    spy *s = user;
+    pthread_mutex_lock(&s->mu);
+    s->keys[0] = '\0';
+    for (uint32_t i = 0; i < args->via.map.size; i++) {
+        const msgpack_object *k = &args->via.map.ptr[i].key;
+        size_t used = strlen(s->keys);
+        if (k->type == MSGPACK_OBJECT_STR)
+            snprintf(s->keys + used, sizeof s->keys - used, "%s%.*s",
+                     i ? "," : "", (int)k->via.str.size, k->via.str.ptr);
+    }
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_add(&s->calls, 1);
+
+    pack_answer(ctl_req_packer(req), (spy_mode)atomic_load(&s->mode));
     return 0;
 }
 
@@ -919,6 +940,16 @@ typedef struct fx {
     defaults_handlers dh;
     ctl_server *tune;
     char tune_addr[CTL_ENDPOINT_MAX];
+    /* The cores, no sockets: everything_service served by a dispatch core
+     * (its handlers share `st` with the TCP unit's), the request bytes it
+     * was given, and storage_service's core for the tests that start it. */
+    everything_handlers ch;
+    ctl_dispatch core;
+    bool core_up;
+    tu_buf req;
+    storage_handlers csh;
+    ctl_dispatch storage_core;
+    bool storage_core_up;
 } fx;
 
 static int serve_everything(everything_handlers *h, ev_state *st,
@@ -937,13 +968,15 @@ static int serve_everything(everything_handlers *h, ev_state *st,
     return 0;
 }
 
-static int setup(void **state)
+/* The fixture without sockets: state, buffers and the dispatch core. */
+static int setup_core(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     if (f == NULL)
         return -1;
     ctl_error_init(&f->err);
     tu_buf_init(&f->args);
+    tu_buf_init(&f->req);
     ev_state_init(&f->st);
     ev_state_init(&f->st2);
     pthread_mutex_init(&f->spy.mu, NULL);
@@ -951,6 +984,24 @@ static int setup(void **state)
     atomic_init(&f->spy.mode, SPY_NIL);
     atomic_init(&f->store.requests, 0);
     *state = f;
+    f->ch = ev_handlers_template;
+    f->ch.ctx = &f->st;
+    if (ctl_dispatch_init(&f->core, &everything_service, &f->ch, NULL, NULL,
+                          &f->err) != 0) {
+        fprintf(stderr, "ctl_dispatch_init failed: %s\n", f->err.msg ? f->err.msg : "?");
+        return -1;
+    }
+    f->core_up = true;
+    return 0;
+}
+
+/* The whole fixture: the core, and the everything unit on TCP with a
+ * client. */
+static int setup(void **state)
+{
+    if (setup_core(state) != 0)
+        return -1;
+    fx *f = *state;
     if (serve_everything(&f->h, &f->st, &f->ev, f->addr, &f->err) != 0)
         return -1;
     if (ctl_client_new(NULL, &f->client, &f->err) != 0) {
@@ -972,10 +1023,15 @@ static int teardown(void **state)
     ctl_server_destroy(&f->spy_srv);
     ctl_server_destroy(&f->storage);
     ctl_server_destroy(&f->tune);
+    if (f->core_up)
+        ctl_dispatch_fini(&f->core);
+    if (f->storage_core_up)
+        ctl_dispatch_fini(&f->storage_core);
     ev_state_fini(&f->st);
     ev_state_fini(&f->st2);
     pthread_mutex_destroy(&f->spy.mu);
     tu_buf_fini(&f->args);
+    tu_buf_fini(&f->req);
     ctl_error_fini(&f->err);
     free(f);
     return 0;
@@ -1969,7 +2025,7 @@ static void test_notify_ops(void **state)
     pthread_mutex_unlock(&f->st.mu);
 }
 
-/* ---- bad input: hand-packed args maps through ctl_client_call --------- */
+/* ---- bad input: hand-packed requests through the dispatch core --------- */
 
 /* Where echo's otherwise valid args are broken. */
 typedef enum fault {
@@ -1994,6 +2050,18 @@ typedef enum fault {
     F_WHEN_MAYBE_BAD,
     F_SCALARS_NO_NAME,
     F_LONG_PATH,
+    /* Hostile values: out of range, odd keys, deep paths. */
+    F_SPARSE_ODD_KEY,
+    F_INTS_HUGE,
+    F_NANOS_NEG,
+    F_FLAG_INT,
+    F_REPEAT_BIG,
+    F_DEEP_NEXT,
+    F_BY_NAME_INT_KEY,
+    F_INDEX_NOT_LIST,
+    F_GRID_NEG_HUGE,
+    F_MAYBE_LIST_MAP,
+    F_NOTE_BIN,
 } fault;
 
 /* Scalars with its required fields only; `bad_count` sends count = -1. */
@@ -2001,7 +2069,10 @@ static void pack_scalars(msgpack_packer *pk, fault f, bool bad_count)
 {
     msgpack_pack_map(pk, f == F_SCALARS_NO_NAME ? 7 : 8);
     tu_pk_str(pk, "flag");
-    msgpack_pack_true(pk);
+    if (f == F_FLAG_INT)
+        msgpack_pack_int(pk, 1);
+    else
+        msgpack_pack_true(pk);
     tu_pk_str(pk, "small");
     if (f == F_SMALL_RANGE)
         msgpack_pack_int64(pk, (int64_t)INT32_MAX + 1);
@@ -2033,9 +2104,14 @@ static void pack_scalars(msgpack_packer *pk, fault f, bool bad_count)
 
 static void pack_containers(msgpack_packer *pk, fault f)
 {
-    msgpack_pack_map(pk, f == F_WHEN_MAYBE_BAD ? 8 : 7);
+    msgpack_pack_map(pk, f == F_WHEN_MAYBE_BAD || f == F_MAYBE_LIST_MAP ? 8 : 7);
     tu_pk_str(pk, "ints");
-    msgpack_pack_array(pk, 0);
+    if (f == F_INTS_HUGE) {
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_uint64(pk, UINT64_MAX);
+    } else {
+        msgpack_pack_array(pk, 0);
+    }
     tu_pk_str(pk, "names");
     if (f == F_NAMES_INT_KEY) {
         msgpack_pack_map(pk, 1);
@@ -2060,6 +2136,10 @@ static void pack_containers(msgpack_packer *pk, fault f)
         msgpack_pack_double(pk, 1.0);
         tu_pk_str(pk, "b");
         tu_pk_str(pk, "no");
+    } else if (f == F_SPARSE_ODD_KEY) {
+        msgpack_pack_map(pk, 1);
+        tu_pk_strn(pk, "b\0\xff", 3);
+        tu_pk_str(pk, "no");
     } else {
         msgpack_pack_map(pk, 0);
     }
@@ -2070,6 +2150,10 @@ static void pack_containers(msgpack_packer *pk, fault f)
         msgpack_pack_int(pk, 1);
         msgpack_pack_array(pk, 1);
         tu_pk_str(pk, "x");
+    } else if (f == F_GRID_NEG_HUGE) {
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_int64(pk, INT64_MIN);
     } else {
         msgpack_pack_array(pk, 0);
     }
@@ -2079,13 +2163,21 @@ static void pack_containers(msgpack_packer *pk, fault f)
         tu_pk_str(pk, "k");
         msgpack_pack_array(pk, 1);
         pack_scalars(pk, F_NONE, true);
+    } else if (f == F_INDEX_NOT_LIST) {
+        msgpack_pack_map(pk, 1);
+        tu_pk_str(pk, "k");
+        tu_pk_str(pk, "x");
     } else {
         msgpack_pack_map(pk, 0);
     }
     tu_pk_str(pk, "when");
-    msgpack_pack_map(pk, f == F_WHEN_TWICE ? 2 : 1);
+    msgpack_pack_map(pk, f == F_WHEN_TWICE || f == F_NANOS_NEG ? 2 : 1);
     tu_pk_str(pk, "secs");
     msgpack_pack_int(pk, 1);
+    if (f == F_NANOS_NEG) {
+        tu_pk_str(pk, "nanos");
+        msgpack_pack_int(pk, -1);
+    }
     if (f == F_WHEN_TWICE) {
         tu_pk_str(pk, "secs");
         msgpack_pack_int(pk, 2);
@@ -2094,6 +2186,12 @@ static void pack_containers(msgpack_packer *pk, fault f)
         tu_pk_str(pk, "when_maybe");
         msgpack_pack_map(pk, 1);
         tu_pk_str(pk, "nanos");
+        msgpack_pack_int(pk, 1);
+    }
+    if (f == F_MAYBE_LIST_MAP) {
+        tu_pk_str(pk, "maybe_list");
+        msgpack_pack_map(pk, 1);
+        tu_pk_str(pk, "a");
         msgpack_pack_int(pk, 1);
     }
 }
@@ -2146,7 +2244,7 @@ static void pack_tree(msgpack_packer *pk, fault f)
         tu_pk_str(pk, "a tree");
         return;
     }
-    msgpack_pack_map(pk, f == F_NEXT_NOT_MAP ? 4 : 3);
+    msgpack_pack_map(pk, f == F_NEXT_NOT_MAP || f == F_DEEP_NEXT ? 4 : 3);
     tu_pk_str(pk, "label");
     tu_pk_str(pk, "root");
     tu_pk_str(pk, "children");
@@ -2158,6 +2256,10 @@ static void pack_tree(msgpack_packer *pk, fault f)
         msgpack_pack_map(pk, 1);
         tu_pk_str(pk, long_key);
         pack_long_path(pk, 1);
+    } else if (f == F_BY_NAME_INT_KEY) {
+        msgpack_pack_map(pk, 1);
+        msgpack_pack_int(pk, 1);
+        pack_leaf(pk, "k", F_NONE);
     } else {
         msgpack_pack_map(pk, 0);
     }
@@ -2166,12 +2268,29 @@ static void pack_tree(msgpack_packer *pk, fault f)
         msgpack_pack_array(pk, 1);
         msgpack_pack_int(pk, 1);
     }
+    if (f == F_DEEP_NEXT) {
+        /* next -> next -> next, the last one's label an int. */
+        for (int level = 1; level <= 3; level++) {
+            tu_pk_str(pk, "next");
+            msgpack_pack_map(pk, level < 3 ? 4 : 3);
+            tu_pk_str(pk, "label");
+            if (level < 3)
+                tu_pk_str(pk, "n");
+            else
+                msgpack_pack_int(pk, 5);
+            tu_pk_str(pk, "children");
+            msgpack_pack_array(pk, 0);
+            tu_pk_str(pk, "by_name");
+            msgpack_pack_map(pk, 0);
+        }
+    }
 }
 
 static void pack_echo(msgpack_packer *pk, fault f)
 {
     size_t n = 4;
-    n += f == F_TAG_TWICE || f == F_UNKNOWN_ARG || f == F_NONSTR_KEY || f == F_NOTE_INT;
+    n += f == F_TAG_TWICE || f == F_UNKNOWN_ARG || f == F_NONSTR_KEY ||
+         f == F_NOTE_INT || f == F_REPEAT_BIG || f == F_NOTE_BIN;
     n -= f == F_NO_TAG;
     msgpack_pack_map(pk, n);
     tu_pk_str(pk, "scalars");
@@ -2201,12 +2320,177 @@ static void pack_echo(msgpack_packer *pk, fault f)
         tu_pk_str(pk, "note");
         msgpack_pack_int(pk, 3);
         break;
+    case F_REPEAT_BIG:
+        tu_pk_str(pk, "repeat");
+        msgpack_pack_uint64(pk, (uint64_t)UINT32_MAX + 1);
+        break;
+    case F_NOTE_BIN:
+        tu_pk_str(pk, "note");
+        msgpack_pack_bin(pk, 1);
+        msgpack_pack_bin_body(pk, "n", 1);
+        break;
     default:
         break;
     }
 }
 
-/* A raw call of `op` with the bytes in f->args; returns its rc. */
+/* ---- the cores: requests and replies as plain buffers ------------------ */
+
+/* The id of every request the tests hand the dispatch core (not ASCII on
+ * purpose), and the address the call core's messages name: no socket is
+ * involved, nothing listens there. */
+#define CORE_ID "c0re-\xc3\xa9-01"
+#define CORE_ADDR "tcp://192.0.2.7:5555"
+
+/* Serve one ROUTER-style message [identity, payload] with dispatch core
+ * `d`. The reply, if any, stays in d->out until the next message. */
+static ctl_verdict serve_bytes(ctl_dispatch *d, const void *payload, size_t len)
+{
+    bool delimited = true;
+    ctl_inbound in = {.frames = 2, .payload = payload, .payload_len = len};
+    ctl_dispatch_done(d); /* the previous request's memory */
+    ctl_verdict v = ctl_dispatch_message(d, &in, &delimited);
+    assert_false(delimited);
+    return v;
+}
+
+/* Serve [op, CORE_ID, <the args map in `args`>], packed by hand into
+ * `req` (which must outlive the reply: its views point there). */
+static ctl_verdict serve_on(ctl_dispatch *d, tu_buf *req, const char *op,
+                            const tu_buf *args)
+{
+    tu_buf_reset(req);
+    tu_pack_request(req, op, CORE_ID, strlen(CORE_ID), args->sb.data,
+                    args->sb.size);
+    return serve_bytes(d, req->sb.data, req->sb.size);
+}
+
+/* The descriptor of `svc`'s op `name`. */
+static const ctl_op_desc *op_desc(const ctl_service *svc, const char *name)
+{
+    for (size_t i = 0; i < svc->op_count; i++)
+        if (strcmp(svc->ops[i].name, name) == 0)
+            return svc->ops[i].desc;
+    fail_msg("service %s has no op %s", svc->name, name);
+    return NULL;
+}
+
+/* `op` with the args map in f->args, through everything's core. */
+static ctl_verdict core_call(fx *f, const char *op)
+{
+    return serve_on(&f->core, &f->req, op, &f->args);
+}
+
+/* The reply in `out` must be exactly [CORE_ID, false, {kind: "Protocol",
+ * msg, reason: nil, blobs: nil}] (PROTOCOL.md, "Errors"): it is read and
+ * packed again here with msgpack-c alone, and compared byte for byte.
+ * `msg` receives the unit's message. */
+static void reply_is_protocol(const msgpack_sbuffer *out, char *msg,
+                              size_t msg_size)
+{
+    msgpack_zone zone;
+    tu_reply r;
+    tu_buf want;
+    const msgpack_object *m;
+
+    assert_non_null(out->data);
+    msgpack_zone_init(&zone, 4096);
+    assert_int_equal(tu_parse_reply(out->data, out->size, &zone, &r), 0);
+    expect_bytes((ctl_str){r.id, r.id_len}, LIT(CORE_ID));
+    assert_false(r.ok);
+    m = tu_obj_get(&r.body, "msg");
+    assert_non_null(m);
+    assert_int_equal(m->type, MSGPACK_OBJECT_STR);
+    assert_true(m->via.str.size < msg_size);
+    memcpy(msg, m->via.str.ptr, m->via.str.size);
+    msg[m->via.str.size] = '\0';
+    msgpack_zone_destroy(&zone);
+
+    tu_buf_init(&want);
+    msgpack_pack_array(&want.pk, 3);
+    tu_pk_str(&want.pk, CORE_ID);
+    msgpack_pack_false(&want.pk);
+    msgpack_pack_map(&want.pk, 4);
+    tu_pk_str(&want.pk, "kind");
+    tu_pk_str(&want.pk, "Protocol");
+    tu_pk_str(&want.pk, "msg");
+    tu_pk_str(&want.pk, msg);
+    tu_pk_str(&want.pk, "reason");
+    msgpack_pack_nil(&want.pk);
+    tu_pk_str(&want.pk, "blobs");
+    msgpack_pack_nil(&want.pk);
+    bool same = out->size == want.sb.size &&
+                memcmp(out->data, want.sb.data, want.sb.size) == 0;
+    tu_buf_fini(&want);
+    if (!same)
+        fail_msg("the refusal '%s' is not packed as PROTOCOL.md's error map", msg);
+}
+
+/* The call core's reading of the refusal in `out`: a remote Protocol
+ * error, "<op> at <address>: Protocol error: <the unit's message>". */
+static void client_sees_refusal(fx *f, const msgpack_sbuffer *out,
+                                const char *op, const char *msg)
+{
+    char want[1024];
+    ctl_reply *r = ctl_reply_copy_of(out->data, out->size);
+    assert_non_null(r);
+    assert_int_equal(ctl_call_accept(r, 1, LIT(CORE_ID), NULL, CORE_ADDR, op,
+                                     &f->err), CTL_MATCH_ERROR);
+    ctl_reply_destroy(&r);
+    expect_remote(&f->err, f->err.kind, msg);
+    expect_substr(f->err.msg, CORE_ADDR);
+    snprintf(want, sizeof want, "%s at %s: Protocol error: %s", op, CORE_ADDR, msg);
+    assert_string_equal(f->err.msg, want);
+}
+
+/* A served message whose verdict is `v` was refused with exactly `want`,
+ * as the unit packed it and as a client reads it. */
+static void expect_refusal(fx *f, const ctl_dispatch *d, ctl_verdict v,
+                           const char *op, const char *want)
+{
+    char msg[1024];
+    assert_int_equal(v, CTL_DISPATCH_REPLY);
+    reply_is_protocol(&d->out, msg, sizeof msg);
+    if (strcmp(msg, want) != 0)
+        fail_msg("op %s: the unit said\n  '%s', not\n  '%s'", op, msg, want);
+    client_sees_refusal(f, &d->out, op, msg);
+}
+
+/* `op` with the args map in f->args is refused with exactly `want`. */
+static void expect_refused(fx *f, const char *op, const char *want)
+{
+    expect_refusal(f, &f->core, core_call(f, op), op, want);
+}
+
+/* The result of the reply in the core's output, as the call core accepts
+ * it for `op` (the reply is kept in f->reply). */
+static const msgpack_object *core_result(fx *f, const char *op)
+{
+    ctl_reply_destroy(&f->reply);
+    f->reply = ctl_reply_copy_of(f->core.out.data, f->core.out.size);
+    assert_non_null(f->reply);
+    assert_int_equal(ctl_call_accept(f->reply, 1, LIT(CORE_ID), NULL, CORE_ADDR,
+                                     op, &f->err), CTL_MATCH_RESULT);
+    expect_bytes(ctl_reply_id(f->reply), LIT(CORE_ID));
+    return ctl_reply_result(f->reply);
+}
+
+/* The reply in `out` is exactly [CORE_ID, true, <the bytes in `result`>]. */
+static void expect_ok_reply(const msgpack_sbuffer *out, const tu_buf *result)
+{
+    tu_buf want;
+    tu_buf_init(&want);
+    msgpack_pack_array(&want.pk, 3);
+    tu_pk_str(&want.pk, CORE_ID);
+    msgpack_pack_true(&want.pk);
+    msgpack_sbuffer_write(&want.sb, result->sb.data, result->sb.size);
+    bool same = out->size == want.sb.size &&
+                memcmp(out->data, want.sb.data, want.sb.size) == 0;
+    tu_buf_fini(&want);
+    assert_true(same);
+}
+
+/* A raw call of `op` with the bytes in f->args over TCP; returns its rc. */
 static int raw_call(fx *f, const char *op)
 {
     ctl_reply_destroy(&f->reply);
@@ -2216,7 +2500,7 @@ static int raw_call(fx *f, const char *op)
 
 /* The record defaults the unit filled in for fields the raw args left out
  * come back in the echo: index["scalars"][0] and the containers. */
-static void test_raw_args_take_defaults(void **state)
+static void test_core_args_take_defaults(void **state)
 {
     fx *f = *state;
     const msgpack_object *res, *idx, *sc, *v;
@@ -2224,8 +2508,8 @@ static void test_raw_args_take_defaults(void **state)
 
     tu_buf_reset(&f->args);
     pack_echo(&f->args.pk, F_NONE);
-    assert_int_equal(raw_call(f, "echo"), 0);
-    res = ctl_reply_result(f->reply);
+    assert_int_equal(core_call(f, "echo"), CTL_DISPATCH_REPLY);
+    res = core_result(f, "echo");
     assert_int_equal(res->type, MSGPACK_OBJECT_MAP);
     idx = tu_obj_get(res, "index");
     assert_non_null(idx);
@@ -2258,7 +2542,7 @@ static void test_raw_args_take_defaults(void **state)
     assert_int_equal(tu_obj_get(tu_obj_get(res, "when"), "nanos")->via.u64, 0);
 }
 
-static void test_raw_bad_args_echo(void **state)
+static void test_core_bad_args_echo(void **state)
 {
     fx *f = *state;
     static const struct {
@@ -2284,48 +2568,69 @@ static void test_raw_bad_args_echo(void **state)
         {F_NOTE_INT, "op 'echo': arg note: expected str, got int"},
         {F_WHEN_MAYBE_BAD, "op 'echo': arg containers.when_maybe: record Stamp: missing field 'secs'"},
         {F_SCALARS_NO_NAME, "op 'echo': arg scalars: record Scalars: missing field 'name'"},
+        /* Hostile values. */
+        {F_SPARSE_ODD_KEY, "op 'echo': arg containers.sparse.b\\x00\\xff: expected f64, got str"},
+        {F_INTS_HUGE, "op 'echo': arg containers.ints[0]: expected i64, got 18446744073709551615 (out of range)"},
+        {F_NANOS_NEG, "op 'echo': arg containers.when.nanos: expected u32, got -1 (out of range)"},
+        {F_FLAG_INT, "op 'echo': arg scalars.flag: expected bool, got int"},
+        {F_REPEAT_BIG, "op 'echo': arg repeat: expected u32, got 4294967296 (out of range)"},
+        {F_DEEP_NEXT, "op 'echo': arg tree.next.next.next.label: expected str, got int"},
+        {F_BY_NAME_INT_KEY, "op 'echo': arg tree.by_name[0]: expected a str key, got int"},
+        {F_INDEX_NOT_LIST, "op 'echo': arg containers.index.k: expected list<Scalars>, got str"},
+        {F_GRID_NEG_HUGE, "op 'echo': arg containers.grid[0][0]: expected i32, got -9223372036854775808 (out of range)"},
+        {F_MAYBE_LIST_MAP, "op 'echo': arg containers.maybe_list: expected list<u64>, got map"},
+        {F_NOTE_BIN, "op 'echo': arg note: expected str, got bin"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const size_t n = sizeof cases / sizeof cases[0];
+    for (size_t i = 0; i < n; i++) {
         tu_buf_reset(&f->args);
         pack_echo(&f->args.pk, cases[i].f);
-        expect_remote(&f->err, raw_call(f, "echo"), cases[i].want);
-        expect_substr(f->err.msg, f->addr);
-        assert_null(f->reply);
+        expect_refused(f, "echo", cases[i].want);
     }
-    /* None reached the handler, and the unit is fine. */
+    /* None reached the handler; each was counted as a request, none
+     * dropped; and the core still serves. */
     assert_int_equal(atomic_load(&f->st.echoes), 0);
+    assert_int_equal(atomic_load(&f->core.counters.requests), n);
+    assert_int_equal(atomic_load(&f->core.counters.dropped), 0);
     tu_buf_reset(&f->args);
     pack_echo(&f->args.pk, F_NONE);
-    assert_int_equal(raw_call(f, "echo"), 0);
+    assert_int_equal(core_call(f, "echo"), CTL_DISPATCH_REPLY);
+    assert_int_equal(core_result(f, "echo")->type, MSGPACK_OBJECT_MAP);
     assert_int_equal(atomic_load(&f->st.echoes), 1);
 }
 
 /* A path longer than the decoder keeps loses its outer part, never the
  * failing spot. */
-static void test_raw_bad_args_long_path(void **state)
+static void test_core_bad_args_long_path(void **state)
 {
     fx *f = *state;
-    char want[256];
+    char msg[1024], want[256];
     const char *at;
     tu_buf_reset(&f->args);
     pack_echo(&f->args.pk, F_LONG_PATH);
+    assert_int_equal(core_call(f, "echo"), CTL_DISPATCH_REPLY);
+    reply_is_protocol(&f->core.out, msg, sizeof msg);
+    client_sees_refusal(f, &f->core.out, "echo", msg);
     /* "arg ...by_name.<key>.by_name.<key>.label: ..." */
-    expect_remote(&f->err, raw_call(f, "echo"), "op 'echo': arg ...by_name.");
+    expect_remote(&f->err, f->err.kind, "op 'echo': arg ...by_name.");
+    assert_int_equal(strncmp(msg, "op 'echo': arg ...by_name.", 26), 0);
     snprintf(want, sizeof want, ".by_name.%s.label: expected str, got int", long_key);
-    expect_substr(f->err.msg, want);
-    at = strstr(f->err.msg, "arg ...");
+    expect_substr(msg, want);
+    assert_string_equal(msg + strlen(msg) - strlen(want), want); /* it ends so */
+    at = strstr(msg, "arg ...");
     assert_non_null(at);
     assert_null(strstr(at + 7, "..")); /* cut once */
+    assert_int_equal(atomic_load(&f->st.echoes), 0);
 }
 
-static void test_raw_bad_args_simple_ops(void **state)
+static void test_core_bad_args_simple_ops(void **state)
 {
     fx *f = *state;
     tu_buf *b = &f->args;
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 0);
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': missing required arg 'rows'");
+    expect_refused(f, "matrix", "op 'matrix': missing required arg 'rows'");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 2);
@@ -2333,27 +2638,27 @@ static void test_raw_bad_args_simple_ops(void **state)
     msgpack_pack_int(&b->pk, 1);
     tu_pk_str(&b->pk, "bogus");
     msgpack_pack_int(&b->pk, 2);
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': arg bogus: not an arg of matrix");
+    expect_refused(f, "matrix", "op 'matrix': arg bogus: not an arg of matrix");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "rows");
     tu_pk_str(&b->pk, "x");
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': arg rows: expected u32, got str");
+    expect_refused(f, "matrix", "op 'matrix': arg rows: expected u32, got str");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "rows");
     msgpack_pack_int(&b->pk, -1);
-    expect_remote(&f->err, raw_call(f, "matrix"),
-                  "op 'matrix': arg rows: expected u32, got -1 (out of range)");
+    expect_refused(f, "matrix",
+                   "op 'matrix': arg rows: expected u32, got -1 (out of range)");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "rows");
     msgpack_pack_uint64(&b->pk, (uint64_t)UINT32_MAX + 1);
-    expect_remote(&f->err, raw_call(f, "matrix"),
-                  "op 'matrix': arg rows: expected u32, got 4294967296 (out of range)");
+    expect_refused(f, "matrix",
+                   "op 'matrix': arg rows: expected u32, got 4294967296 (out of range)");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 2);
@@ -2361,7 +2666,7 @@ static void test_raw_bad_args_simple_ops(void **state)
     msgpack_pack_int(&b->pk, 1);
     tu_pk_str(&b->pk, "cols");
     msgpack_pack_double(&b->pk, 1.5);
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': arg cols: expected u32, got float");
+    expect_refused(f, "matrix", "op 'matrix': arg cols: expected u32, got float");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 2);
@@ -2369,38 +2674,38 @@ static void test_raw_bad_args_simple_ops(void **state)
     msgpack_pack_int(&b->pk, 1);
     tu_pk_str(&b->pk, "rows");
     msgpack_pack_int(&b->pk, 2);
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': arg rows: given twice");
+    expect_refused(f, "matrix", "op 'matrix': arg rows: given twice");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     msgpack_pack_int(&b->pk, 1);
     msgpack_pack_int(&b->pk, 2);
-    expect_remote(&f->err, raw_call(f, "matrix"), "op 'matrix': arg names must be strings, not int");
+    expect_refused(f, "matrix", "op 'matrix': arg names must be strings, not int");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_strn(&b->pk, "b\0ad\xff", 5);
     msgpack_pack_int(&b->pk, 2);
-    expect_remote(&f->err, raw_call(f, "matrix"),
-                  "op 'matrix': arg b\\x00ad\\xff: not an arg of matrix");
+    expect_refused(f, "matrix",
+                   "op 'matrix': arg b\\x00ad\\xff: not an arg of matrix");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "x");
     msgpack_pack_int(&b->pk, 1);
-    expect_remote(&f->err, raw_call(f, "ping"), "op 'ping': arg x: not an arg of ping, which takes none");
+    expect_refused(f, "ping", "op 'ping': arg x: not an arg of ping, which takes none");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "data");
     tu_pk_str(&b->pk, "a str, not a bin");
-    expect_remote(&f->err, raw_call(f, "size"), "op 'size': arg data: expected bin, got str");
+    expect_refused(f, "size", "op 'size': arg data: expected bin, got str");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "name");
     msgpack_pack_nil(&b->pk);
-    expect_remote(&f->err, raw_call(f, "find"), "op 'find': arg name: expected str, got nil");
+    expect_refused(f, "find", "op 'find': arg name: expected str, got nil");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
@@ -2408,13 +2713,13 @@ static void test_raw_bad_args_simple_ops(void **state)
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "nanos");
     msgpack_pack_int(&b->pk, 1);
-    expect_remote(&f->err, raw_call(f, "list"), "op 'list': arg from: record Stamp: missing field 'secs'");
+    expect_refused(f, "list", "op 'list': arg from: record Stamp: missing field 'secs'");
 
     tu_buf_reset(b);
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "from");
     msgpack_pack_true(&b->pk);
-    expect_remote(&f->err, raw_call(f, "list"), "op 'list': arg from: expected record Stamp, got bool");
+    expect_refused(f, "list", "op 'list': arg from: expected record Stamp, got bool");
 
     assert_int_equal(atomic_load(&f->st.matrices), 0);
     assert_int_equal(atomic_load(&f->st.pings), 0);
@@ -2424,145 +2729,387 @@ static void test_raw_bad_args_simple_ops(void **state)
     msgpack_pack_map(&b->pk, 1);
     tu_pk_str(&b->pk, "from");
     msgpack_pack_nil(&b->pk);
-    assert_int_equal(raw_call(f, "list"), 0);
-    assert_int_equal(ctl_reply_result(f->reply)->via.array.size, 2);
+    assert_int_equal(core_call(f, "list"), CTL_DISPATCH_REPLY);
+    assert_int_equal(core_result(f, "list")->via.array.size, 2);
 }
 
-/* A notify with bad args is dropped without an answer or a handler call. */
-static void test_raw_bad_notify(void **state)
+/* Hostile args envelopes for a generated op: the bytes after [op, id] are
+ * not a usable args map. Each is refused naming the op; a notify op is
+ * never answered, whatever it was sent. */
+static void test_core_hostile_args_bytes(void **state)
 {
     fx *f = *state;
-    ctl_server_stats before, after;
-    tu_buf *b = &f->args;
+    static const struct {
+        const char *op;
+        size_t op_len;
+        const char *args; /* raw bytes after [op, id] */
+        size_t args_len;
+        const char *want;
+    } cases[] = {
+#define B(s) s, sizeof(s) - 1
+        {B("matrix"), B("\x90"), "op 'matrix': args must be a map, not array"},
+        {B("matrix"), B("\xc0"), "op 'matrix': args must be a map, not nil"},
+        {B("matrix"), B("\xa4rows"), "op 'matrix': args must be a map, not str"},
+        {B("matrix"), B("\x81\xa4rows"), "op 'matrix': args: truncated"},
+        {B("matrix"), B(""), "op 'matrix': args: truncated"},
+        {B("matrix"), B("\x80\xc0"), "op 'matrix': 1 trailing bytes after the message"},
+        {B("matrix"), B("\xdf\xff\xff\xff\xff"),
+         "op 'matrix': args: container count exceeds the message size"},
+        {B("matrix"), B("\x81\xa4rows\xc1"), "op 'matrix': args: invalid byte 0xc1"},
+        {B("ping"), B("\x81\xa1x\xdb\xff\xff\xff\xff"), "op 'ping': args: truncated"},
+        {B("nope"), B("\x80"), "unknown op 'nope' (service everything)"},
+        {B("no\0pe\xff"), B("\x80"), "unknown op 'no\\x00pe\\xff' (service everything)"},
+        {B(""), B("\x80"), "unknown op '' (service everything)"},
+        /* An unknown op is refused before its args are looked at. */
+        {B("Echo"), B("\xc1"), "unknown op 'Echo' (service everything)"},
+#undef B
+    };
+    /* 40 nested arrays under "rows": deeper than the default max_depth. */
+    char deep[64] = "\x81\xa4rows";
+    size_t deep_len = 5;
+    for (int i = 0; i < 40; i++)
+        deep[deep_len++] = '\x91';
+    deep[deep_len++] = '\x01';
 
-    ctl_server_stats_get(f->ev, &before);
-    tu_buf_reset(b);
-    msgpack_pack_map(&b->pk, 1);
-    tu_pk_str(&b->pk, "names");
-    msgpack_pack_int(&b->pk, 5);
-    assert_int_equal(ctl_client_notify(f->client, f->addr, "forget", b->sb.data,
-                                       b->sb.size, &f->err), 0);
-    tu_buf_reset(b);
-    msgpack_pack_map(&b->pk, 1);
-    tu_pk_str(&b->pk, "x");
-    msgpack_pack_int(&b->pk, 5);
-    assert_int_equal(ctl_client_notify(f->client, f->addr, "poke", b->sb.data,
-                                       b->sb.size, &f->err), 0);
-    assert_int_equal(everything_ping(f->client, f->addr, CALL_MS, &f->err), 0);
-    tu_server_stats_wait(f->ev, &after, before.replies + 1, WAIT_MS);
-    tu_sleep_ms(100);
-    ctl_server_stats_get(f->ev, &after);
-    assert_int_equal(after.requests - before.requests, 3);
-    assert_int_equal(after.replies - before.replies, 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_buf_reset(&f->req);
+        msgpack_pack_array(&f->req.pk, 3);
+        tu_pk_strn(&f->req.pk, cases[i].op, cases[i].op_len);
+        tu_pk_str(&f->req.pk, CORE_ID);
+        msgpack_sbuffer_write(&f->req.sb, cases[i].args, cases[i].args_len);
+        expect_refusal(f, &f->core,
+                       serve_bytes(&f->core, f->req.sb.data, f->req.sb.size),
+                       cases[i].op_len ? cases[i].op : "(empty)", cases[i].want);
+    }
+    tu_buf_reset(&f->req);
+    tu_pack_request(&f->req, "matrix", CORE_ID, strlen(CORE_ID), deep, deep_len);
+    expect_refusal(f, &f->core, serve_bytes(&f->core, f->req.sb.data, f->req.sb.size),
+                   "matrix", "op 'matrix': args: nested too deeply");
+
+    /* The same bytes to notify ops: silence, and no handler call. */
+    for (size_t i = 0; i < 8; i++) {
+        tu_buf_reset(&f->req);
+        msgpack_pack_array(&f->req.pk, 3);
+        tu_pk_str(&f->req.pk, i % 2 ? "poke" : "forget");
+        tu_pk_str(&f->req.pk, i < 4 ? "" : CORE_ID);
+        msgpack_sbuffer_write(&f->req.sb, cases[i].args, cases[i].args_len);
+        assert_int_equal(serve_bytes(&f->core, f->req.sb.data, f->req.sb.size),
+                         CTL_DISPATCH_SILENT);
+        assert_int_equal(f->core.out.size, 0);
+    }
+    assert_int_equal(atomic_load(&f->core.counters.dropped), 0);
+    assert_int_equal(atomic_load(&f->core.counters.requests),
+                     sizeof cases / sizeof cases[0] + 1 + 8);
+    assert_int_equal(atomic_load(&f->st.matrices), 0);
+    assert_int_equal(atomic_load(&f->st.pings), 0);
     assert_int_equal(atomic_load(&f->st.forgets), 0);
     assert_int_equal(atomic_load(&f->st.pokes), 0);
 }
 
-/* ---- bad replies: a peer whose results do not match the IDL ----------- */
-
-static void test_bad_reply_named(void **state)
+/* A notify with bad args is dropped without an answer or a handler call. */
+static void test_core_bad_notify(void **state)
 {
     fx *f = *state;
-    everything_matrix_args ma;
-    everything_find_args fa;
-    everything_counters_args ca;
-    everything_size_args sa;
-    everything_echo_args ea;
+    tu_buf *b = &f->args;
+    tu_buf nil;
+
+    tu_buf_reset(b);
+    msgpack_pack_map(&b->pk, 1);
+    tu_pk_str(&b->pk, "names");
+    msgpack_pack_int(&b->pk, 5);
+    assert_int_equal(core_call(f, "forget"), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->core.out.size, 0);
+    tu_buf_reset(b);
+    msgpack_pack_map(&b->pk, 1);
+    tu_pk_str(&b->pk, "x");
+    msgpack_pack_int(&b->pk, 5);
+    assert_int_equal(core_call(f, "poke"), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->core.out.size, 0);
+    /* A failing notify handler is not answered either. */
+    tu_buf_reset(b);
+    msgpack_pack_map(&b->pk, 1);
+    tu_pk_str(&b->pk, "names");
+    msgpack_pack_array(&b->pk, 1);
+    tu_pk_str(&b->pk, "fail");
+    assert_int_equal(core_call(f, "forget"), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->core.out.size, 0);
+    assert_int_equal(atomic_load(&f->st.forgets), 1);
+
+    /* Then a call is answered: [id, true, nil], exactly. */
+    tu_buf_reset(b);
+    assert_int_equal(core_call(f, "ping"), CTL_DISPATCH_REPLY);
+    tu_buf_init(&nil);
+    msgpack_pack_nil(&nil.pk);
+    expect_ok_reply(&f->core.out, &nil);
+    tu_buf_fini(&nil);
+    assert_int_equal(atomic_load(&f->core.counters.requests), 4);
+    assert_int_equal(atomic_load(&f->core.counters.dropped), 0);
+    assert_int_equal(atomic_load(&f->st.forgets), 1);
+    assert_int_equal(atomic_load(&f->st.pokes), 0);
+    assert_int_equal(atomic_load(&f->st.pings), 1);
+}
+
+/* The generated serve packs results and the handlers' typed errors exactly
+ * as PROTOCOL.md says, to a ROUTER peer and to a REQ peer alike. */
+static void test_core_replies_exact(void **state)
+{
+    fx *f = *state;
+    tu_buf want;
+    bool delimited = false;
+    const everything_Node *node = NULL;
+
+    tu_buf_init(&want);
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "data");
+    msgpack_pack_bin(&f->args.pk, 4);
+    msgpack_pack_bin_body(&f->args.pk, "four", 4);
+    assert_int_equal(core_call(f, "size"), CTL_DISPATCH_REPLY);
+    msgpack_pack_uint64(&want.pk, 4);
+    expect_ok_reply(&f->core.out, &want);
+
+    /* A REQ peer's [identity, "", payload]: the same reply, delimited. */
+    ctl_inbound req_style = {.frames = 3, .delimiter_len = 0,
+                             .payload = f->req.sb.data,
+                             .payload_len = f->req.sb.size};
+    ctl_dispatch_done(&f->core);
+    assert_int_equal(ctl_dispatch_message(&f->core, &req_style, &delimited),
+                     CTL_DISPATCH_REPLY);
+    assert_true(delimited);
+    expect_ok_reply(&f->core.out, &want);
+
+    /* Typed errors: UnitFull, Busy with its reason, Missing with its blobs
+     * (NUL and UTF-8 inside kept), each map key in PROTOCOL.md's order. */
+    static const struct {
+        const char *tag, *kind, *msg, *reason;
+        bool blobs;
+    } errs[] = {
+        {"full", "UnitFull", "no room for 1 copies", NULL, false},
+        {"busy", "Busy", "the unit is draining", "draining", false},
+        {"missing", "Missing", "2 blobs are gone", NULL, true},
+        {"protocol", "Protocol", "echo refused tag 'protocol'", NULL, false},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        everything_echo_args a;
+        msgpack_packer *pk = &want.pk;
+        everything_echo_args_init(&a);
+        a.tag = ctl_str_c(errs[i].tag);
+        tu_buf_reset(&f->args);
+        assert_int_equal(ctl_type_pack(&f->args.pk,
+                                       op_desc(&everything_service, "echo")->args, &a), 0);
+        assert_int_equal(core_call(f, "echo"), CTL_DISPATCH_REPLY);
+        tu_buf_reset(&want);
+        msgpack_pack_array(pk, 3);
+        tu_pk_str(pk, CORE_ID);
+        msgpack_pack_false(pk);
+        msgpack_pack_map(pk, 4);
+        tu_pk_str(pk, "kind");
+        tu_pk_str(pk, errs[i].kind);
+        tu_pk_str(pk, "msg");
+        tu_pk_str(pk, errs[i].msg);
+        tu_pk_str(pk, "reason");
+        if (errs[i].reason)
+            tu_pk_str(pk, errs[i].reason);
+        else
+            msgpack_pack_nil(pk);
+        tu_pk_str(pk, "blobs");
+        if (errs[i].blobs) {
+            msgpack_pack_array(pk, 2);
+            tu_pk_strn(pk, "b1", 2);
+            tu_pk_strn(pk, "b\0\xc3\xa9", 4);
+        } else {
+            msgpack_pack_nil(pk);
+        }
+        assert_int_equal(f->core.out.size, want.sb.size);
+        assert_memory_equal(f->core.out.data, want.sb.data, want.sb.size);
+    }
+    assert_int_equal(atomic_load(&f->st.echoes), 4);
+
+    /* find "leaf": a record built in request memory, read back by the
+     * call core and the stub's decoder. */
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "name");
+    tu_pk_str(&f->args.pk, "leaf");
+    assert_int_equal(core_call(f, "find"), CTL_DISPATCH_REPLY);
+    core_result(f, "find");
+    assert_int_equal(ctl_stub_decode_result(op_desc(&everything_service, "find"),
+                                            f->reply, CORE_ADDR, &node, &f->err), 0);
+    assert_non_null(node);
+    expect_bytes(node->label, LIT("le\0af"));
+    assert_true(node->parent_label.present);
+    expect_cstr(node->parent_label.value, "");
+    tu_buf_fini(&want);
+}
+
+/* ---- bad replies: results that do not match the IDL, through the call
+ * core and the stubs' decoder ------------------------------------------- */
+
+/* Accept [CORE_ID, true, <the bytes in `value`>] as `op`'s reply with the
+ * call core and decode its result into `result` (NULL: ignore it) as the
+ * stub does; the reply, which owns the result's views, is kept in
+ * f->reply. Returns what ctl_stub_decode_result returned. */
+static int decode_result(fx *f, const char *op, const tu_buf *value, void *result)
+{
+    tu_buf_reset(&f->req);
+    msgpack_pack_array(&f->req.pk, 3);
+    tu_pk_str(&f->req.pk, CORE_ID);
+    msgpack_pack_true(&f->req.pk);
+    msgpack_sbuffer_write(&f->req.sb, value->sb.data, value->sb.size);
+    ctl_reply_destroy(&f->reply);
+    f->reply = ctl_reply_copy_of(f->req.sb.data, f->req.sb.size);
+    assert_non_null(f->reply);
+    assert_int_equal(ctl_call_accept(f->reply, 1, LIT(CORE_ID), NULL, CORE_ADDR,
+                                     op, &f->err), CTL_MATCH_RESULT);
+    return ctl_stub_decode_result(op_desc(&everything_service, op), f->reply,
+                                  CORE_ADDR, result, &f->err);
+}
+
+/* decode_result of the spy's answer in `mode`. */
+static int decode_answer(fx *f, const char *op, spy_mode mode, void *result)
+{
+    tu_buf_reset(&f->args);
+    pack_answer(&f->args.pk, mode);
+    return decode_result(f, op, &f->args, result);
+}
+
+/* The result did not decode: Transfer / bad reply, and the message is
+ * exactly "<op> at <address>: bad reply: <want>". */
+static void expect_bad_result(fx *f, int rc, const char *op, const char *want)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s at %s: bad reply: %s", op, CORE_ADDR, want);
+    expect_bad_reply(&f->err, rc, msg);
+    assert_string_equal(f->err.msg, msg);
+}
+
+static void test_core_bad_result_named(void **state)
+{
+    fx *f = *state;
     everything_list_list_f64 m;
     everything_map_u64 counters;
     everything_Containers c;
+    everything_list_Stamp stamps;
     const everything_Node *node;
     uint64_t size;
-    char want[CTL_ENDPOINT_MAX + 64];
     int rc;
 
-    start_spy(f, SPY_MATRIX_BAD_CELL);
-    everything_matrix_args_init(&ma);
-    ma.rows = 2;
-    rc = everything_matrix(f->client, f->spy_addr, &ma, CALL_MS, &m, &f->reply, &f->err);
-    snprintf(want, sizeof want, "matrix at %s: bad reply: result[1][1]: expected f64, got str",
-             f->spy_addr);
-    expect_bad_reply(&f->err, rc, want);
-    assert_null(f->reply);
+    rc = decode_answer(f, "matrix", SPY_MATRIX_BAD_CELL, &m);
+    expect_bad_result(f, rc, "matrix", "result[1][1]: expected f64, got str");
     /* The result ignored: nothing to decode, nothing wrong. */
-    assert_int_equal(everything_matrix(f->client, f->spy_addr, &ma, CALL_MS, NULL,
-                                       NULL, &f->err), 0);
+    assert_int_equal(decode_answer(f, "matrix", SPY_MATRIX_BAD_CELL, NULL), 0);
 
-    atomic_store(&f->spy.mode, SPY_NODE_BAD_LABEL);
-    everything_find_args_init(&fa);
-    fa.name = LIT("x");
-    rc = everything_find(f->client, f->spy_addr, &fa, CALL_MS, &node, &f->reply, &f->err);
+    rc = decode_answer(f, "find", SPY_NODE_BAD_LABEL, &node);
     expect_bad_reply(&f->err, rc, "find at ");
     expect_substr(f->err.msg, ": bad reply: result.children[1].label: expected str, got int");
+    expect_bad_result(f, rc, "find", "result.children[1].label: expected str, got int");
 
-    atomic_store(&f->spy.mode, SPY_NODE_NO_CHILDREN);
-    rc = everything_find(f->client, f->spy_addr, &fa, CALL_MS, &node, &f->reply, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result: record Node: missing field 'children'");
+    rc = decode_answer(f, "find", SPY_NODE_NO_CHILDREN, &node);
+    expect_bad_result(f, rc, "find", "result: record Node: missing field 'children'");
 
-    atomic_store(&f->spy.mode, SPY_ARRAY);
-    everything_counters_args_init(&ca);
-    rc = everything_counters(f->client, f->spy_addr, &ca, CALL_MS, &counters,
-                             &f->reply, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result: expected map<str, u64>, got array");
-    rc = everything_find(f->client, f->spy_addr, &fa, CALL_MS, &node, &f->reply, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result: expected record Node, got array");
+    rc = decode_answer(f, "counters", SPY_ARRAY, &counters);
+    expect_bad_result(f, rc, "counters", "result: expected map<str, u64>, got array");
+    rc = decode_answer(f, "find", SPY_ARRAY, &node);
+    expect_bad_result(f, rc, "find", "result: expected record Node, got array");
 
-    atomic_store(&f->spy.mode, SPY_NEGATIVE);
-    everything_size_args_init(&sa);
-    rc = everything_size(f->client, f->spy_addr, &sa, CALL_MS, &size, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result: expected u64, got -1 (out of range)");
+    rc = decode_answer(f, "size", SPY_NEGATIVE, &size);
+    expect_bad_result(f, rc, "size", "result: expected u64, got -1 (out of range)");
 
-    atomic_store(&f->spy.mode, SPY_HOLES_BAD);
-    everything_echo_args_init(&ea);
-    rc = everything_echo(f->client, f->spy_addr, &ea, CALL_MS, &c, &f->reply, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result.holes[1]: expected u64, got str");
+    rc = decode_answer(f, "echo", SPY_HOLES_BAD, &c);
+    expect_bad_result(f, rc, "echo", "result.holes[1]: expected u64, got str");
 
-    atomic_store(&f->spy.mode, SPY_NIL);
-    rc = everything_matrix(f->client, f->spy_addr, &ma, CALL_MS, &m, &f->reply, &f->err);
-    expect_bad_reply(&f->err, rc, "bad reply: result: expected list<list<f64>>, got nil");
+    rc = decode_answer(f, "matrix", SPY_NIL, &m);
+    expect_bad_result(f, rc, "matrix", "result: expected list<list<f64>>, got nil");
     /* nil is a fine answer for an optional result. */
-    assert_int_equal(everything_find(f->client, f->spy_addr, &fa, CALL_MS, &node,
-                                     &f->reply, &f->err), 0);
+    static const everything_Node untouched;
+    node = &untouched; /* must be overwritten */
+    assert_int_equal(decode_answer(f, "find", SPY_NIL, &node), 0);
     assert_null(node);
+
+    /* More hostile results. */
+    rc = decode_answer(f, "list", SPY_NEGATIVE, &stamps);
+    expect_bad_result(f, rc, "list", "result: expected list<Stamp>, got int");
+    rc = decode_answer(f, "list", SPY_MATRIX_BAD_CELL, &stamps);
+    expect_bad_result(f, rc, "list", "result[0]: expected record Stamp, got array");
+    rc = decode_answer(f, "counters", SPY_NIL, &counters);
+    expect_bad_result(f, rc, "counters", "result: expected map<str, u64>, got nil");
+    rc = decode_answer(f, "size", SPY_STAMPS_MINIMAL, &size);
+    expect_bad_result(f, rc, "size", "result: expected u64, got array");
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 2);
+    tu_pk_str(&f->args.pk, "p\xc3\xa9");
+    msgpack_pack_uint64(&f->args.pk, 1);
+    tu_pk_strn(&f->args.pk, "n\0ul", 4);
+    msgpack_pack_int64(&f->args.pk, INT64_MIN);
+    rc = decode_result(f, "counters", &f->args, &counters);
+    expect_bad_result(f, rc, "counters",
+                      "result.n\\x00ul: expected u64, got -9223372036854775808 (out of range)");
+    tu_buf_reset(&f->args);
+    msgpack_pack_array(&f->args.pk, 1);
+    msgpack_pack_map(&f->args.pk, 2);
+    tu_pk_str(&f->args.pk, "secs");
+    msgpack_pack_int(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "nanos");
+    msgpack_pack_uint64(&f->args.pk, (uint64_t)UINT32_MAX + 1);
+    rc = decode_result(f, "list", &f->args, &stamps);
+    expect_bad_result(f, rc, "list",
+                      "result[0].nanos: expected u32, got 4294967296 (out of range)");
+}
+
+/* A result path longer than the decoder keeps: "result ...<inner part>". */
+static void test_core_bad_result_long_path(void **state)
+{
+    fx *f = *state;
+    const everything_Node *node;
+    char want[256];
+    const char *at;
+    int rc;
+
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 3);
+    tu_pk_str(&f->args.pk, "label");
+    tu_pk_str(&f->args.pk, "root");
+    tu_pk_str(&f->args.pk, "children");
+    msgpack_pack_array(&f->args.pk, 0);
+    tu_pk_str(&f->args.pk, "by_name");
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, long_key);
+    pack_long_path(&f->args.pk, 1);
+    rc = decode_result(f, "find", &f->args, &node);
+    snprintf(want, sizeof want, "find at %s: bad reply: result ...", CORE_ADDR);
+    expect_bad_reply(&f->err, rc, want);
+    assert_int_equal(strncmp(f->err.msg, want, strlen(want)), 0);
+    snprintf(want, sizeof want, ".by_name.%s.label: expected str, got int", long_key);
+    assert_true(strlen(f->err.msg) > strlen(want));
+    assert_string_equal(f->err.msg + strlen(f->err.msg) - strlen(want), want);
+    at = strstr(f->err.msg, "result ...");
+    assert_non_null(at);
+    assert_null(strstr(at + 10, "..")); /* cut once */
 }
 
 /* A peer that sends only required fields (or fields this side does not
  * know) is decoded with the IDL's defaults. */
-static void test_reply_defaults_from_minimal_peer(void **state)
+static void test_core_result_defaults_from_minimal_peer(void **state)
 {
     fx *f = *state;
-    everything_list_args la;
     everything_list_Stamp stamps;
-    everything_find_args fa;
     const everything_Node *node;
-    everything_echo_args ea;
     everything_Containers c;
 
-    start_spy(f, SPY_STAMPS_MINIMAL);
-    everything_list_args_init(&la);
-    assert_int_equal(everything_list(f->client, f->spy_addr, &la, CALL_MS, &stamps,
-                                     &f->reply, &f->err), 0);
+    assert_int_equal(decode_answer(f, "list", SPY_STAMPS_MINIMAL, &stamps), 0);
     assert_int_equal(stamps.count, 2);
     assert_true(stamps.items[0].secs == 5);
     assert_int_equal(stamps.items[0].nanos, 0);
     assert_true(stamps.items[1].secs == -5);
     assert_int_equal(stamps.items[1].nanos, 7);
-    ctl_reply_destroy(&f->reply);
 
-    atomic_store(&f->spy.mode, SPY_NODE_MINIMAL);
-    everything_find_args_init(&fa);
-    assert_int_equal(everything_find(f->client, f->spy_addr, &fa, CALL_MS, &node,
-                                     &f->reply, &f->err), 0);
+    assert_int_equal(decode_answer(f, "find", SPY_NODE_MINIMAL, &node), 0);
     assert_non_null(node);
     expect_cstr(node->label, "min");
     assert_false(node->parent_label.present);
     assert_null(node->next);
-    ctl_reply_destroy(&f->reply);
 
-    atomic_store(&f->spy.mode, SPY_CONTAINERS_MINIMAL);
-    everything_echo_args_init(&ea);
-    assert_int_equal(everything_echo(f->client, f->spy_addr, &ea, CALL_MS, &c,
-                                     &f->reply, &f->err), 0);
+    assert_int_equal(decode_answer(f, "echo", SPY_CONTAINERS_MINIMAL, &c), 0);
     assert_int_equal(c.ints.count, 1);
     assert_true(c.ints.items[0] == -3);
     assert_true(c.when.secs == 42);
@@ -2575,6 +3122,47 @@ static void test_reply_defaults_from_minimal_peer(void **state)
     assert_true(c.maybe_d.present); /* its default is "set" */
     expect_cstr(c.maybe_d.value, "set");
     assert_false(c.maybe_null.present);
+}
+
+/* ---- the same over TCP, once each -------------------------------------- */
+
+/* A refusal and a bad result reach a real caller end to end: the stub
+ * keeps no reply after either, and the unit serves on. */
+static void test_bad_input_over_tcp(void **state)
+{
+    fx *f = *state;
+    everything_matrix_args ma;
+    everything_list_list_f64 m;
+    char want[CTL_ENDPOINT_MAX + 128];
+    int rc;
+
+    tu_buf_reset(&f->args);
+    pack_echo(&f->args.pk, F_CHILD_LABEL_INT);
+    expect_remote(&f->err, raw_call(f, "echo"),
+                  "op 'echo': arg tree.children[1].label: expected str, got int");
+    snprintf(want, sizeof want, "echo at %s: Protocol error: op 'echo': arg "
+             "tree.children[1].label: expected str, got int", f->addr);
+    assert_string_equal(f->err.msg, want);
+    assert_null(f->reply);
+    assert_int_equal(atomic_load(&f->st.echoes), 0);
+
+    start_spy(f, SPY_MATRIX_BAD_CELL);
+    everything_matrix_args_init(&ma);
+    ma.rows = 2;
+    rc = everything_matrix(f->client, f->spy_addr, &ma, CALL_MS, &m, &f->reply, &f->err);
+    snprintf(want, sizeof want, "matrix at %s: bad reply: result[1][1]: expected f64, got str",
+             f->spy_addr);
+    expect_bad_reply(&f->err, rc, want);
+    assert_string_equal(f->err.msg, want);
+    assert_null(f->reply);
+    /* The result ignored: nothing to decode, nothing wrong. */
+    assert_int_equal(everything_matrix(f->client, f->spy_addr, &ma, CALL_MS, NULL,
+                                       NULL, &f->err), 0);
+
+    tu_buf_reset(&f->args);
+    pack_echo(&f->args.pk, F_NONE);
+    assert_int_equal(raw_call(f, "echo"), 0);
+    assert_int_equal(atomic_load(&f->st.echoes), 1);
 }
 
 /* ---- idl/storage.idl ------------------------------------------------- */
@@ -2720,10 +3308,169 @@ static void test_storage_round_trip(void **state)
     assert_int_equal(stats.pinned, 0);
 }
 
+/* idl/storage.idl's generated decoders refuse bad args naming them, on a
+ * core serving storage_service; the store never sees them. */
+static void test_core_storage_bad_args(void **state)
+{
+    fx *f = *state;
+    tu_buf *b = &f->args;
+    static const char bin3[] = "a\0c";
+    static const struct {
+        const char *op;
+        int shape;
+        const char *want;
+    } cases[] = {
+        {"put", 0, "op 'put': missing required arg 'key'"},
+        {"put", 1, "op 'put': arg data: expected bin, got str"},
+        {"put", 2, "op 'put': arg pin: expected bool, got str"},
+        {"put", 3, "op 'put': arg key: expected str, got int"},
+        {"put", 4, "op 'put': missing required arg 'data'"},
+        {"get", 5, "op 'get': arg keys: expected list<str>, got str"},
+        {"get", 6, "op 'get': arg keys[1]: expected str, got int"},
+        {"describe", 7, "op 'describe': arg keys[0]: expected str, got nil"},
+        {"stats", 8, "op 'stats': arg x: not an arg of stats, which takes none"},
+        {"list", 9, "op 'list': arg prefix: expected str, got bin"},
+        {"delete", 10, "op 'delete': arg force: not an arg of delete"},
+        {"pin", 11, "op 'pin': arg keys: given twice"},
+        {"put", 12, "op 'put': arg ttl_s: not an arg of put"},
+    };
+
+    f->csh = (storage_handlers){
+        .ctx = &f->store,
+        .on_put = st_put,
+        .on_get = st_get,
+        .on_describe = st_describe,
+        .on_pin = st_pin,
+        .on_unpin = st_unpin,
+        .on_abort = st_abort,
+        .on_delete = st_delete,
+        .on_list = st_list,
+        .on_stats = st_stats,
+    };
+    assert_int_equal(ctl_dispatch_init(&f->storage_core, &storage_service, &f->csh,
+                                       NULL, NULL, &f->err), 0);
+    f->storage_core_up = true;
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_buf_reset(b);
+        switch (cases[i].shape) {
+        case 0: /* {} */
+            msgpack_pack_map(&b->pk, 0);
+            break;
+        case 1: /* data as a str */
+        case 2: /* pin as a str */
+        case 3: /* key as an int */
+            msgpack_pack_map(&b->pk, cases[i].shape == 2 ? 3 : 2);
+            tu_pk_str(&b->pk, "key");
+            if (cases[i].shape == 3)
+                msgpack_pack_int(&b->pk, 7);
+            else
+                tu_pk_str(&b->pk, "k");
+            tu_pk_str(&b->pk, "data");
+            if (cases[i].shape == 1) {
+                tu_pk_str(&b->pk, "abc");
+            } else {
+                msgpack_pack_bin(&b->pk, 3);
+                msgpack_pack_bin_body(&b->pk, bin3, 3);
+            }
+            if (cases[i].shape == 2) {
+                tu_pk_str(&b->pk, "pin");
+                tu_pk_str(&b->pk, "yes");
+            }
+            break;
+        case 4: /* no data */
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "key");
+            tu_pk_str(&b->pk, "k");
+            break;
+        case 5:
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "keys");
+            tu_pk_str(&b->pk, "k");
+            break;
+        case 6:
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "keys");
+            msgpack_pack_array(&b->pk, 2);
+            tu_pk_str(&b->pk, "a");
+            msgpack_pack_int(&b->pk, 1);
+            break;
+        case 7:
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "keys");
+            msgpack_pack_array(&b->pk, 1);
+            msgpack_pack_nil(&b->pk);
+            break;
+        case 8:
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "x");
+            msgpack_pack_int(&b->pk, 1);
+            break;
+        case 9:
+            msgpack_pack_map(&b->pk, 1);
+            tu_pk_str(&b->pk, "prefix");
+            msgpack_pack_bin(&b->pk, 1);
+            msgpack_pack_bin_body(&b->pk, "k", 1);
+            break;
+        case 10:
+            msgpack_pack_map(&b->pk, 2);
+            tu_pk_str(&b->pk, "keys");
+            msgpack_pack_array(&b->pk, 0);
+            tu_pk_str(&b->pk, "force");
+            msgpack_pack_true(&b->pk);
+            break;
+        case 11:
+            msgpack_pack_map(&b->pk, 2);
+            tu_pk_str(&b->pk, "keys");
+            msgpack_pack_array(&b->pk, 0);
+            tu_pk_str(&b->pk, "keys");
+            msgpack_pack_array(&b->pk, 0);
+            break;
+        case 12: /* an arg a newer client might send: an old unit refuses it */
+            msgpack_pack_map(&b->pk, 3);
+            tu_pk_str(&b->pk, "key");
+            tu_pk_str(&b->pk, "k");
+            tu_pk_str(&b->pk, "data");
+            msgpack_pack_bin(&b->pk, 3);
+            msgpack_pack_bin_body(&b->pk, bin3, 3);
+            tu_pk_str(&b->pk, "ttl_s");
+            msgpack_pack_int(&b->pk, 60);
+            break;
+        }
+        expect_refusal(f, &f->storage_core,
+                       serve_on(&f->storage_core, &f->req, cases[i].op, b),
+                       cases[i].op, cases[i].want);
+    }
+    /* Notify ops are not answered, whatever their args. */
+    tu_buf_reset(b);
+    msgpack_pack_map(&b->pk, 1);
+    tu_pk_str(&b->pk, "keys");
+    msgpack_pack_int(&b->pk, 5);
+    assert_int_equal(serve_on(&f->storage_core, &f->req, "unpin", b), CTL_DISPATCH_SILENT);
+    assert_int_equal(serve_on(&f->storage_core, &f->req, "abort", b), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->storage_core.out.size, 0);
+    assert_int_equal(atomic_load(&f->store.requests), 0);
+
+    /* Good args reach the store: put answers the bytes stored, exactly. */
+    tu_buf_reset(b);
+    msgpack_pack_map(&b->pk, 2);
+    tu_pk_str(&b->pk, "key");
+    tu_pk_str(&b->pk, "k");
+    tu_pk_str(&b->pk, "data");
+    msgpack_pack_bin(&b->pk, 3);
+    msgpack_pack_bin_body(&b->pk, bin3, 3);
+    assert_int_equal(serve_on(&f->storage_core, &f->req, "put", b), CTL_DISPATCH_REPLY);
+    tu_buf_reset(b);
+    msgpack_pack_uint64(&b->pk, 3);
+    expect_ok_reply(&f->storage_core.out, b);
+    assert_int_equal(atomic_load(&f->store.requests), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define C(fn) cmocka_unit_test_setup_teardown(fn, setup_core, teardown)
         T(test_record_init_sets_defaults),
         T(test_echo_every_type),
         T(test_echo_empty_and_absent),
@@ -2738,14 +3485,21 @@ int main(void)
         T(test_many_with_slow_unit),
         T(test_many_typed_outcomes),
         T(test_notify_ops),
-        T(test_raw_args_take_defaults),
-        T(test_raw_bad_args_echo),
-        T(test_raw_bad_args_long_path),
-        T(test_raw_bad_args_simple_ops),
-        T(test_raw_bad_notify),
-        T(test_bad_reply_named),
-        T(test_reply_defaults_from_minimal_peer),
+        T(test_bad_input_over_tcp),
         T(test_storage_round_trip),
+        /* The cores alone: no sockets. */
+        C(test_core_args_take_defaults),
+        C(test_core_bad_args_echo),
+        C(test_core_bad_args_long_path),
+        C(test_core_bad_args_simple_ops),
+        C(test_core_hostile_args_bytes),
+        C(test_core_bad_notify),
+        C(test_core_replies_exact),
+        C(test_core_bad_result_named),
+        C(test_core_bad_result_long_path),
+        C(test_core_result_defaults_from_minimal_peer),
+        C(test_core_storage_bad_args),
+#undef C
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
