@@ -4,7 +4,9 @@
  *
  * The error-map tests pack maps with the runtime (pack_error_map)
  * and also by hand with msgpack-c, so both directions are checked against
- * PROTOCOL.md rather than against each other only.
+ * PROTOCOL.md rather than against each other only. Allocation failures are
+ * injected through malloc/calloc/realloc wrappers (the executable is linked
+ * with -Wl,--wrap; see the end of this file).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -579,6 +582,315 @@ static void test_error_map_malformed_is_bad_reply(void **state)
     }
 }
 
+/* ---- copying every field, and allocation failure -------------------------- */
+
+/*
+ * test_error is linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+ * (tests/runtime/CMakeLists.txt), so every allocation the runtime's (static)
+ * objects make in this executable comes through the wrappers below. When
+ * armed, the `fail_at`-th allocation from then on (1: the next) returns
+ * NULL, and with `fail_rest` every later one too. Only this thread
+ * allocates while armed.
+ */
+void *__real_malloc(size_t size);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t size);
+void *__wrap_malloc(size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t size);
+
+static int alloc_seen; /* allocations since armed */
+static int fail_at;    /* 0: disarmed */
+static bool fail_rest;
+
+static bool inject(void)
+{
+    if (fail_at == 0)
+        return false;
+    alloc_seen++;
+    return alloc_seen == fail_at || (fail_rest && alloc_seen > fail_at);
+}
+
+void *__wrap_malloc(size_t size)
+{
+    return inject() ? NULL : __real_malloc(size);
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    return inject() ? NULL : __real_calloc(n, size);
+}
+
+void *__wrap_realloc(void *p, size_t size)
+{
+    return inject() ? NULL : __real_realloc(p, size);
+}
+
+static void arm(int at, bool rest)
+{
+    alloc_seen = 0;
+    fail_at = at;
+    fail_rest = rest;
+}
+
+/* Disarm; returns how many allocations were made while armed. */
+static int disarm(void)
+{
+    fail_at = 0;
+    return alloc_seen;
+}
+
+/* The injection works: a wrapped allocation fails when told to. */
+static void test_alloc_injection_works(void **state)
+{
+    (void)state;
+    ctl_error e;
+    ctl_error_init(&e);
+    arm(1, false);
+    ctl_error_set(&e, CTL_INVALID, "a %s message", "formatted");
+    assert_int_equal(disarm(), 1);
+    assert_int_equal(e.kind, CTL_INVALID);
+    assert_string_equal(e.msg, "out of memory while reporting an error");
+    ctl_error_set(&e, CTL_INVALID, "a %s message", "formatted");
+    assert_string_equal(e.msg, "a formatted message");
+    ctl_error_fini(&e);
+}
+
+#define NOTE " (details lost: out of memory)"
+#define FALLBACK "out of memory while reporting an error"
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* An error with every field set, each owned by it. */
+static void fill_every_field(ctl_error *e)
+{
+    static const ctl_str ids[] = {{"x\0y", 3}, {"", 0}, {"zz", 2}};
+    ctl_error_init(e);
+    ctl_error_missing(e, ids, 3, "message #%d", 1);
+    e->kind = CTL_TRANSFER;
+    e->cause = CTL_CAUSE_REMOTE;
+    e->reason = strdup("the reason");
+    e->remote_kind = strdup("Weird");
+    assert_non_null(e->reason);
+    assert_non_null(e->remote_kind);
+}
+
+static void expect_same_fields(const ctl_error *dst, const ctl_error *src)
+{
+    assert_int_equal(dst->kind, src->kind);
+    assert_int_equal(dst->cause, src->cause);
+    assert_string_equal(dst->msg, src->msg);
+    assert_ptr_not_equal(dst->msg, src->msg);
+    assert_string_equal(dst->reason, src->reason);
+    assert_ptr_not_equal(dst->reason, src->reason);
+    assert_string_equal(dst->remote_kind, src->remote_kind);
+    assert_ptr_not_equal(dst->remote_kind, src->remote_kind);
+    assert_int_equal(dst->blob_count, src->blob_count);
+    assert_ptr_not_equal(dst->blobs, src->blobs);
+    for (size_t i = 0; i < src->blob_count; i++) {
+        assert_int_equal(dst->blobs[i].len, src->blobs[i].len);
+        assert_ptr_not_equal(dst->blobs[i].ptr, src->blobs[i].ptr);
+        if (src->blobs[i].len)
+            assert_memory_equal(dst->blobs[i].ptr, src->blobs[i].ptr, src->blobs[i].len);
+        assert_int_equal(dst->blobs[i].ptr[dst->blobs[i].len], '\0');
+    }
+}
+
+/* ctl_error_copy copies kind, cause, msg, reason, blobs and remote_kind,
+ * each into storage of the copy's own. */
+static void test_error_copy_every_field(void **state)
+{
+    (void)state;
+    ctl_error src, dst;
+    fill_every_field(&src);
+    ctl_error_init(&dst);
+    ctl_error_busy(&dst, "old reason", "old contents, released by the copy");
+    assert_int_equal(ctl_error_copy(&dst, &src), 0);
+    expect_same_fields(&dst, &src);
+    assert_int_equal(dst.kind, CTL_TRANSFER);
+    assert_int_equal(dst.cause, CTL_CAUSE_REMOTE);
+    assert_string_equal(dst.msg, "message #1");
+    assert_string_equal(dst.reason, "the reason");
+    assert_string_equal(dst.remote_kind, "Weird");
+    assert_int_equal(dst.blob_count, 3);
+    assert_memory_equal(dst.blobs[0].ptr, "x\0y", 3);
+    ctl_error_fini(&src);
+    /* The copy outlives its source. */
+    assert_string_equal(dst.msg, "message #1");
+    assert_memory_equal(dst.blobs[2].ptr, "zz", 2);
+
+    /* An empty error copies as empty; a copy onto itself or with NULLs
+     * changes nothing. */
+    ctl_error_init(&src);
+    assert_int_equal(ctl_error_copy(&dst, &dst), 0);
+    assert_string_equal(dst.remote_kind, "Weird");
+    assert_int_equal(ctl_error_copy(NULL, &dst), 0);
+    assert_int_equal(ctl_error_copy(&dst, NULL), 0);
+    assert_string_equal(dst.msg, "message #1");
+    assert_int_equal(ctl_error_copy(&dst, &src), 0);
+    assert_int_equal(dst.kind, CTL_OK);
+    assert_int_equal(dst.cause, CTL_CAUSE_NONE);
+    assert_null(dst.msg);
+    assert_null(dst.reason);
+    assert_null(dst.blobs);
+    assert_int_equal(dst.blob_count, 0);
+    assert_null(dst.remote_kind);
+    ctl_error_fini(&dst);
+}
+
+/* Busy and Missing keep their kind (and say what they could not keep)
+ * whichever allocation fails. */
+static void test_error_busy_missing_keep_kind(void **state)
+{
+    (void)state;
+    static const ctl_str ids[] = {{"b0", 2}, {"b\0\x01", 3}, {"", 0}};
+    ctl_error e;
+    ctl_error_init(&e);
+
+    /* Without failures. */
+    assert_int_equal(ctl_error_busy(&e, "pinned", "busy %d", 1), CTL_BUSY);
+    assert_int_equal(e.kind, CTL_BUSY);
+    assert_string_equal(e.reason, "pinned");
+    assert_int_equal(ctl_error_missing(&e, ids, 3, "missing %d", 3), CTL_MISSING);
+    assert_int_equal(e.kind, CTL_MISSING);
+    assert_int_equal(e.blob_count, 3);
+
+    bool injected_reason = false;
+    for (int at = 1;; at++) {
+        arm(at, false);
+        int rc = ctl_error_busy(&e, "pinned", "busy %d", 2);
+        int made = disarm();
+        assert_int_equal(rc, CTL_BUSY);
+        assert_int_equal(e.kind, CTL_BUSY);
+        assert_non_null(e.msg);
+        if (at > made) { /* nothing failed */
+            assert_string_equal(e.reason, "pinned");
+            assert_string_equal(e.msg, "busy 2");
+            break;
+        }
+        if (e.reason == NULL) {
+            injected_reason = true;
+            assert_true(ends_with(e.msg, NOTE) || strcmp(e.msg, FALLBACK) == 0);
+        } else {
+            assert_string_equal(e.reason, "pinned");
+            assert_string_equal(e.msg, FALLBACK); /* the message was lost */
+        }
+    }
+    assert_true(injected_reason);
+    /* Everything fails: still Busy. */
+    arm(1, true);
+    ctl_error_busy(&e, "pinned", "busy %d", 3);
+    disarm();
+    assert_int_equal(e.kind, CTL_BUSY);
+    assert_null(e.reason);
+    assert_string_equal(e.msg, FALLBACK);
+
+    bool injected_blobs = false;
+    for (int at = 1;; at++) {
+        arm(at, false);
+        int rc = ctl_error_missing(&e, ids, 3, "missing %d", 4);
+        int made = disarm();
+        assert_int_equal(rc, CTL_MISSING);
+        assert_int_equal(e.kind, CTL_MISSING);
+        assert_non_null(e.msg);
+        if (at > made) {
+            assert_int_equal(e.blob_count, 3);
+            assert_string_equal(e.msg, "missing 4");
+            break;
+        }
+        if (e.blob_count == 0) { /* none kept, never some */
+            injected_blobs = true;
+            assert_null(e.blobs);
+            assert_true(ends_with(e.msg, NOTE) || strcmp(e.msg, FALLBACK) == 0);
+        } else {
+            assert_int_equal(e.blob_count, 3);
+            assert_memory_equal(e.blobs[1].ptr, "b\0\x01", 3);
+            assert_string_equal(e.msg, FALLBACK);
+        }
+    }
+    assert_true(injected_blobs);
+    arm(1, true);
+    ctl_error_missing(&e, ids, 3, "missing %d", 5);
+    disarm();
+    assert_int_equal(e.kind, CTL_MISSING);
+    assert_int_equal(e.blob_count, 0);
+    assert_null(e.blobs);
+    assert_string_equal(e.msg, FALLBACK);
+
+    /* And a copy of either keeps the kind. */
+    ctl_error c;
+    ctl_error_init(&c);
+    ctl_error_busy(&e, "r", "b");
+    assert_int_equal(ctl_error_copy(&c, &e), 0);
+    assert_int_equal(c.kind, CTL_BUSY);
+    ctl_error_missing(&e, ids, 1, "m");
+    assert_int_equal(ctl_error_copy(&c, &e), 0);
+    assert_int_equal(c.kind, CTL_MISSING);
+    ctl_error_fini(&c);
+    ctl_error_fini(&e);
+}
+
+/* A copy that runs out of memory at any step is CTL_TRANSFER /
+ * CTL_CAUSE_NOMEM naming what was copied, never a partial copy. */
+static void test_error_copy_nomem_never_partial(void **state)
+{
+    (void)state;
+    ctl_error src, dst;
+    int failures = 0;
+    fill_every_field(&src);
+    ctl_error_init(&dst);
+    for (int rest = 0; rest < 2; rest++) {
+        for (int at = 1;; at++) {
+            ctl_error_busy(&dst, "old reason", "old contents");
+            arm(at, rest != 0);
+            int rc = ctl_error_copy(&dst, &src);
+            int made = disarm();
+            if (at > made) { /* nothing failed: a full copy */
+                assert_int_equal(rc, 0);
+                expect_same_fields(&dst, &src);
+                break;
+            }
+            failures++;
+            if (rc != CTL_TRANSFER)
+                fail_msg("allocation #%d%s failed, yet the copy returned %d", at,
+                         rest ? " and on" : "", rc);
+            assert_int_equal(dst.kind, CTL_TRANSFER);
+            assert_int_equal(dst.cause, CTL_CAUSE_NOMEM);
+            assert_null(dst.reason);
+            assert_null(dst.remote_kind);
+            assert_null(dst.blobs);
+            assert_int_equal(dst.blob_count, 0);
+            assert_non_null(dst.msg);
+            if (rest)
+                assert_string_equal(dst.msg, FALLBACK);
+            else
+                assert_string_equal(dst.msg,
+                                    "out of memory copying an error (Transfer: message #1)");
+        }
+    }
+    /* msg, reason, remote_kind, the blob array and 3 blobs: 7 steps, each
+     * failed alone and then with all the rest. */
+    assert_int_equal(failures, 14);
+
+    /* A source whose message is the constant fallback copies as such. */
+    ctl_error lost;
+    ctl_error_init(&lost);
+    arm(1, true);
+    ctl_error_set(&lost, CTL_PROTOCOL, "never stored");
+    disarm();
+    assert_string_equal(lost.msg, FALLBACK);
+    assert_int_equal(ctl_error_copy(&dst, &lost), 0);
+    assert_int_equal(dst.kind, CTL_PROTOCOL);
+    assert_string_equal(dst.msg, FALLBACK);
+    ctl_error_fini(&lost);
+    ctl_error_fini(&dst); /* the fallback is not freed (ASan would say) */
+    ctl_error_fini(&src);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -604,6 +916,10 @@ int main(void)
         T(test_error_map_unknown_kind),
         T(test_error_map_local_kind_names_are_unknown),
         T(test_error_map_malformed_is_bad_reply),
+        cmocka_unit_test(test_alloc_injection_works),
+        cmocka_unit_test(test_error_copy_every_field),
+        cmocka_unit_test(test_error_busy_missing_keep_kind),
+        cmocka_unit_test(test_error_copy_nomem_never_partial),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
