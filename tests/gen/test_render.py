@@ -92,6 +92,36 @@ class RenderTest(unittest.TestCase):
         self.assertIn('{.name = "unpin", .handler = ctl_stub_serve, .flags = CTL_OP_NOREPLY, '
                       '.desc = &storage__op_unpin}', table)
 
+    def test_initializer_macros(self):
+        out = self.gen(EVERYTHING, "e")
+        header = self.read(os.path.join(out, "everything.ctl.h")).decode()
+        # Only members that do not start at zero, as designated initializers.
+        self.assertIn("#define EVERYTHING_MATRIX_ARGS_INIT { \\\n    .cols = UINT32_C(16) \\\n}",
+                      header)
+        self.assertIn("#define EVERYTHING_FIND_ARGS_INIT {0}\n", header)
+        # A record held by value starts from its own defaults; strings and optionals are brace
+        # forms (constant expressions), never compound literals.
+        containers = header[header.index("#define EVERYTHING_CONTAINERS_INIT"):]
+        containers = containers[:containers.index("\n}\n")]
+        self.assertIn(".when = EVERYTHING_STAMP_INIT", containers)
+        self.assertIn('.maybe_d = {true, {"set", 3}}', containers)
+        self.assertNotIn("(ctl_str)", containers)
+        # The functions are the macros.
+        source = self.read(os.path.join(out, "everything.ctl.c")).decode()
+        self.assertIn("*args = (everything_matrix_args)EVERYTHING_MATRIX_ARGS_INIT;", source)
+
+    def test_source_is_descriptors_and_one_line_entry_points(self):
+        out = self.gen(STORAGE_IDL, "s")
+        source = self.read(os.path.join(out, "storage.ctl.c")).decode()
+        self.assertIn("static const ctl_op_desc storage__op_put = {", source)
+        self.assertIn("static const ctl_type storage__t_BlobInfo = {", source)
+        self.assertIn("    .args = &storage__a_put,\n", source)
+        self.assertIn("    return ctl_stub_call(client, address, &storage__op_put, args, timeout_ms,",
+                      source)
+        # No hand-unrolled codecs: every value is packed and decoded by the runtime.
+        self.assertNotIn("msgpack_pack_", source)
+        self.assertNotIn("via.map", source)
+
     def test_depfile_lists_every_idl_read(self):
         dep = os.path.join(self.tmp, "e.d")
         self.gen(EVERYTHING, "e", "--depfile", dep)
