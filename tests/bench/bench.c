@@ -1,6 +1,6 @@
 /*
  * bench.c - ctl-bench: ctlrpc measured against the bare ZeroMQ transport it
- * runs on (issue 5).
+ * runs on.
  *
  * Every case runs against its baseline in the same process invocation,
  * side by side: round after round, the case and its baseline take turns
@@ -1645,7 +1645,7 @@ static void usage(FILE *f)
             "\n"
             "Measure ctlrpc against the bare ZeroMQ transport, each case side by side\n"
             "with its baseline in this one run, and print a table of the medians over\n"
-            "the rounds and their ratios (issue 5). Exits 0 when every case ran.\n"
+            "the rounds and their ratios. Exits 0 when every case ran.\n"
             "\n"
             "  --quick         a short run (a few seconds a case; a smoke test)\n"
             "  --case NAMES    comma-separated, any of: small, throughput, fanout,\n"
@@ -1815,7 +1815,7 @@ int main(int argc, char **argv)
                         : CASE_SMALL | CASE_THROUGHPUT);
 
     print_table();
-    printf("\ntargets (issue 5) are checked for information only: ctl-bench has no "
+    printf("\ntargets (the project's goals) are checked for information only: ctl-bench has no "
            "thresholds.\n");
     if (g_failed)
         printf("ctl-bench: some cases FAILED (see the errors above)\n");

@@ -1,7 +1,7 @@
 /*
  * test_faults.c - the storage service under faults: real ctl-storage-unit
  * processes (UNIT_BIN) killed, frozen and restarted under live clients,
- * called through the generated stubs. Issue 6, "Faults":
+ * called through the generated stubs:
  *
  *   kill_restart   a unit SIGKILLed mid-call (its callers blocked on it),
  *                  then restarted on the same endpoint: every call fails

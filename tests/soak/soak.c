@@ -1,6 +1,6 @@
 /*
  * soak.c - many client threads over several real storage units for a fixed
- * time, every reply checked against a model (issue 6, "Load and soak").
+ * time, every reply checked against a model.
  *
  *   soak --unit PATH [--seconds 20] [--threads 32] [--units 4]
  *        [--clients 4] [--sample-ms 1000] [--seed N] [--csv FILE]
