@@ -23,8 +23,8 @@
  * tree.children[1].label: expected str, got int"), then read back by the
  * call core as a client would. Hand-packed replies go through
  * ctl_call_accept and ctl_stub_decode_result, whose "bad reply: result..."
- * messages are checked whole. One refusal and one bad result still make
- * the trip over TCP (test_bad_input_over_tcp).
+ * messages are checked whole. One refusal, one bad result and two bad
+ * notifies still make the trip over TCP (test_bad_input_over_tcp).
  *
  * Handlers run on the unit's thread (or, for the core tests, on the test's
  * own): they only record into atomics or under a mutex; every assertion
@@ -3126,8 +3126,9 @@ static void test_core_result_defaults_from_minimal_peer(void **state)
 
 /* ---- the same over TCP, once each -------------------------------------- */
 
-/* A refusal and a bad result reach a real caller end to end: the stub
- * keeps no reply after either, and the unit serves on. */
+/* A refusal, a bad result and bad notifies make the real trip: the stub
+ * keeps no reply after a refusal or a bad result, bad notifies get no
+ * answer on the wire, and the unit serves on. */
 static void test_bad_input_over_tcp(void **state)
 {
     fx *f = *state;
@@ -3163,6 +3164,30 @@ static void test_bad_input_over_tcp(void **state)
     pack_echo(&f->args.pk, F_NONE);
     assert_int_equal(raw_call(f, "echo"), 0);
     assert_int_equal(atomic_load(&f->st.echoes), 1);
+
+    /* Notifies with bad args: counted, never answered, no handler call. */
+    ctl_server_stats before, after;
+    ctl_server_stats_get(f->ev, &before);
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "names");
+    msgpack_pack_int(&f->args.pk, 5);
+    assert_int_equal(ctl_client_notify(f->client, f->addr, "forget", f->args.sb.data,
+                                       f->args.sb.size, &f->err), 0);
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "x");
+    msgpack_pack_int(&f->args.pk, 5);
+    assert_int_equal(ctl_client_notify(f->client, f->addr, "poke", f->args.sb.data,
+                                       f->args.sb.size, &f->err), 0);
+    assert_int_equal(everything_ping(f->client, f->addr, CALL_MS, &f->err), 0);
+    tu_server_stats_wait(f->ev, &after, before.replies + 1, WAIT_MS);
+    tu_sleep_ms(100);
+    ctl_server_stats_get(f->ev, &after);
+    assert_int_equal(after.requests - before.requests, 3);
+    assert_int_equal(after.replies - before.replies, 1);
+    assert_int_equal(atomic_load(&f->st.forgets), 0);
+    assert_int_equal(atomic_load(&f->st.pokes), 0);
 }
 
 /* ---- idl/storage.idl ------------------------------------------------- */
