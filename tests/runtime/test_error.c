@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -640,11 +641,30 @@ static int disarm(void)
     return alloc_seen;
 }
 
+/* Whether the runtime's allocations come through the wrappers: not when
+ * it is a shared library (BUILD_SHARED_LIBS), whose references --wrap does
+ * not see. The tests that inject failures are skipped then. */
+static bool injection_reaches_runtime(void)
+{
+    ctl_error e;
+    ctl_error_init(&e);
+    arm(1, false);
+    ctl_error_set(&e, CTL_INVALID, "probe");
+    bool reached = disarm() == 1;
+    ctl_error_fini(&e);
+    if (!reached)
+        fprintf(stderr, "allocation failures cannot be injected into the runtime "
+                        "(a shared library?): skipped\n");
+    return reached;
+}
+
 /* The injection works: a wrapped allocation fails when told to. */
 static void test_alloc_injection_works(void **state)
 {
     (void)state;
     ctl_error e;
+    if (!injection_reaches_runtime())
+        skip();
     ctl_error_init(&e);
     arm(1, false);
     ctl_error_set(&e, CTL_INVALID, "a %s message", "formatted");
@@ -758,6 +778,10 @@ static void test_error_busy_missing_keep_kind(void **state)
     assert_int_equal(ctl_error_missing(&e, ids, 3, "missing %d", 3), CTL_MISSING);
     assert_int_equal(e.kind, CTL_MISSING);
     assert_int_equal(e.blob_count, 3);
+    if (!injection_reaches_runtime()) {
+        ctl_error_fini(&e);
+        skip();
+    }
 
     bool injected_reason = false;
     for (int at = 1;; at++) {
@@ -841,6 +865,8 @@ static void test_error_copy_nomem_never_partial(void **state)
     (void)state;
     ctl_error src, dst;
     int failures = 0;
+    if (!injection_reaches_runtime())
+        skip();
     fill_every_field(&src);
     ctl_error_init(&dst);
     for (int rest = 0; rest < 2; rest++) {
