@@ -78,7 +78,7 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
     memset(d, 0, sizeof *d);
     if (rc)
         return rc;
-    d->service = service;
+    /* `service` is set last: a dispatch without one needs no fini. */
     d->user = user;
     d->limits = ctl_limits_resolve(limits);
     d->by_name = calloc(service->op_count ? service->op_count : 1,
@@ -108,6 +108,7 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
         pthread_mutex_init(&d->own_lock, NULL);
         d->lock = &d->own_lock;
     }
+    d->service = service;
     return 0;
 }
 
@@ -207,15 +208,17 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         msgpack_sbuffer_clear(&d->out);
         return CTL_DISPATCH_SILENT;
     }
-    if (rc == 0 && d->out.size == head_len && msgpack_pack_nil(&req.pk))
-        rc = -1;
-    if (rc != 0) {
-        if (!req.failed)
-            ctl_error_set(&req.err, CTL_PROTOCOL,
-                          "op '%s' failed (handler returned %d without an "
-                          "error)", op->name, rc);
-        pack_error(d, rq.id, &req.err);
+    if (!head_ok || (rc == 0 && d->out.size == head_len &&
+                     msgpack_pack_nil(&req.pk))) {
+        rc = ctl_req_fail(&req, CTL_PROTOCOL,
+                          "op '%s': out of memory packing the reply", op->name);
+    } else if (rc != 0 && !req.failed) {
+        ctl_error_set(&req.err, CTL_PROTOCOL,
+                      "op '%s' failed (handler returned %d without an error)",
+                      op->name, rc);
     }
+    if (rc != 0)
+        pack_error(d, rq.id, &req.err);
     ctl_error_fini(&req.err);
     return verdict(d);
 }

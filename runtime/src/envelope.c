@@ -309,6 +309,10 @@ int ctl_env_unpack_error(ctl_error *err, const char *address, const char *op,
                              op, address, msg_len, msg.ptr);
     case CTL_BUSY: {
         char *r = reason.ptr ? ctl_strndup(reason.ptr, reason.len) : NULL;
+        if (reason.ptr && !r)
+            return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                      "%s at %s: out of memory reading a Busy "
+                                      "error", op, address);
         ctl_error_busy(err, r, "%s at %s: busy (%s): %.*s", op, address,
                        r ? ctl_show(shown, sizeof shown, reason) : "no reason",
                        msg_len, msg.ptr);
@@ -335,10 +339,14 @@ int ctl_env_unpack_error(ctl_error *err, const char *address, const char *op,
         /* Protocol, or a kind this client does not know: both are the
          * unit's way of saying the call failed. */
         ctl_error_transfer(err, CTL_CAUSE_REMOTE, "%s at %s: %s error: %.*s",
-                           op, address, ctl_show(shown, sizeof shown, kind),
+                           op, address,
+                           kind.len ? ctl_show(shown, sizeof shown, kind)
+                                    : "(empty kind)",
                            msg_len, msg.ptr);
-        if (err)
-            err->remote_kind = ctl_strndup(kind.ptr, kind.len);
+        if (err && !(err->remote_kind = ctl_strndup(kind.ptr, kind.len)))
+            return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                      "%s at %s: out of memory reading an "
+                                      "error reply", op, address);
         return CTL_TRANSFER;
     }
     }

@@ -254,7 +254,7 @@ static void test_accept_error_unknown_kind(void **state)
         {"Invalid", 7, OP " at " ADDR ": Invalid error: boom"},
         {"OK", 2, OP " at " ADDR ": OK error: boom"},
         {"busy", 4, OP " at " ADDR ": busy error: boom"},
-        {"", 0, OP " at " ADDR ":  error: boom"}, /* shown as is: nothing */
+        {"", 0, OP " at " ADDR ": (empty kind) error: boom"},
         {"Bu\0sy", 5, OP " at " ADDR ": Bu\\x00sy error: boom"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -164,6 +164,14 @@ static void test_new_bad_service(void **state)
     const ctl_service no_ops = {.name = "broken", .ops = NULL, .op_count = 3};
     assert_int_equal(ctl_server_new(&no_ops, NULL, &o, &s, &f->err), CTL_INVALID);
     assert_null(s);
+    /* Refused by the dispatch core after it allocated its index: nothing
+     * is freed twice on the way out (ASan checks). */
+    const ctl_op twice[] = {{.name = "a", .handler = tu_service.ops[0].handler},
+                            {.name = "a", .handler = tu_service.ops[0].handler}};
+    const ctl_service dup = {.name = "dup", .ops = twice, .op_count = 2};
+    assert_int_equal(ctl_server_new(&dup, NULL, &o, &s, &f->err), CTL_INVALID);
+    assert_string_equal(f->err.msg, "service dup: op 'a' is declared twice");
+    assert_null(s);
     assert_int_equal(ctl_server_new(&tu_service, NULL, &o, NULL, &f->err), CTL_INVALID);
 }
 
