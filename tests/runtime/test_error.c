@@ -2,7 +2,7 @@
  * test_error.c - error kinds, the ctl_error object, and rebuilding errors
  * from error maps (error.h, and ctl_env_unpack_error of envelope_int.h).
  *
- * The error-map tests pack maps with the runtime (pack_error_map)
+ * The error-map tests pack maps with the runtime (tu_pack_error_map)
  * and also by hand with msgpack-c, so both directions are checked against
  * PROTOCOL.md rather than against each other only. Allocation failures are
  * injected through malloc/calloc/realloc wrappers (the executable is linked
@@ -22,24 +22,6 @@
 
 #include "testutil.h"
 #include "envelope_int.h"
-
-/* Pack an error map with the runtime's packer, from the error it stands
- * for. */
-static int pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
-                          const char *reason, const ctl_str *blobs, size_t count)
-{
-    ctl_error e;
-    ctl_error_init(&e);
-    if (kind == CTL_BUSY)
-        ctl_error_busy(&e, reason, "%s", msg);
-    else if (kind == CTL_MISSING)
-        ctl_error_missing(&e, blobs, count, "%s", msg);
-    else
-        ctl_error_set(&e, kind, "%s", msg);
-    int rc = ctl_env_pack_error(pk, &e);
-    ctl_error_fini(&e);
-    return rc;
-}
 
 #define ADDR "tcp://127.0.0.1:4242"
 #define OP "put_blob"
@@ -333,7 +315,7 @@ static void test_error_clear_and_fini(void **state)
 static void test_error_map_roundtrip_unit_full(void **state)
 {
     fx *f = *state;
-    assert_int_equal(pack_error_map(&f->buf.pk, CTL_UNIT_FULL,
+    assert_int_equal(tu_pack_error_map(&f->buf.pk, CTL_UNIT_FULL,
                                              "no room for 12 bytes", NULL, NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -355,7 +337,7 @@ static void test_error_map_roundtrip_unit_full(void **state)
 static void test_error_map_roundtrip_busy(void **state)
 {
     fx *f = *state;
-    assert_int_equal(pack_error_map(&f->buf.pk, CTL_BUSY, "try later",
+    assert_int_equal(tu_pack_error_map(&f->buf.pk, CTL_BUSY, "try later",
                                              "pinned", NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -375,7 +357,7 @@ static void test_error_map_roundtrip_missing(void **state)
 {
     fx *f = *state;
     ctl_str ids[3] = {{"b-1", 3}, {"b\0-2", 4}, {"", 0}};
-    assert_int_equal(pack_error_map(&f->buf.pk, CTL_MISSING, "gone",
+    assert_int_equal(tu_pack_error_map(&f->buf.pk, CTL_MISSING, "gone",
                                              NULL, ids, 3),
                      0);
     msgpack_object body = unpack_buf(f);
@@ -416,7 +398,7 @@ static void test_error_map_missing_empty_list(void **state)
 static void test_error_map_roundtrip_protocol(void **state)
 {
     fx *f = *state;
-    assert_int_equal(pack_error_map(&f->buf.pk, CTL_PROTOCOL,
+    assert_int_equal(tu_pack_error_map(&f->buf.pk, CTL_PROTOCOL,
                                              "missing argument 'key'", NULL, NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);

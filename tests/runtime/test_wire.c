@@ -20,24 +20,6 @@
 #include "testutil.h"
 #include "envelope_int.h"
 
-/* Pack an error map with the runtime's packer, from the error it stands
- * for. */
-static int pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
-                          const char *reason, const ctl_str *blobs, size_t count)
-{
-    ctl_error e;
-    ctl_error_init(&e);
-    if (kind == CTL_BUSY)
-        ctl_error_busy(&e, reason, "%s", msg);
-    else if (kind == CTL_MISSING)
-        ctl_error_missing(&e, blobs, count, "%s", msg);
-    else
-        ctl_error_set(&e, kind, "%s", msg);
-    int rc = ctl_env_pack_error(pk, &e);
-    ctl_error_fini(&e);
-    return rc;
-}
-
 /* Append [op, id, args] to `sb` with the runtime's one request framer. */
 static int pack_request(msgpack_sbuffer *sb, ctl_str op, ctl_str id,
                         const void *args, size_t args_len)
@@ -789,7 +771,7 @@ static void test_reply_roundtrip_error(void **state)
     ctl_str blobs[2] = {{"a", 1}, {"bb", 2}};
     ctl_error_init(&err);
     assert_int_equal(ctl_env_pack_reply_head(&f->buf.pk, ctl_str_c(""), false), 0);
-    assert_int_equal(pack_error_map(&f->buf.pk, CTL_MISSING, "lost", NULL,
+    assert_int_equal(tu_pack_error_map(&f->buf.pk, CTL_MISSING, "lost", NULL,
                                              blobs, 2),
                      0);
     assert_int_equal(ctl_env_decode_reply(f->buf.sb.data, f->buf.sb.size, &f->lim,

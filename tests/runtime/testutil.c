@@ -7,6 +7,8 @@
  */
 #include "testutil.h"
 
+#include "envelope_int.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -119,6 +121,22 @@ void tu_pack_request(tu_buf *b, const char *op, const void *id, size_t id_len,
         msgpack_pack_map(&b->pk, 0);
     else
         msgpack_sbuffer_write(&b->sb, args, args_len);
+}
+
+int tu_pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
+                      const char *reason, const ctl_str *blobs, size_t count)
+{
+    ctl_error e;
+    ctl_error_init(&e);
+    if (kind == CTL_BUSY)
+        ctl_error_busy(&e, reason, "%s", msg);
+    else if (kind == CTL_MISSING)
+        ctl_error_missing(&e, blobs, count, "%s", msg);
+    else
+        ctl_error_set(&e, kind, "%s", msg);
+    int rc = ctl_env_pack_error(pk, &e);
+    ctl_error_fini(&e);
+    return rc;
 }
 
 int tu_parse_reply(const void *data, size_t len, msgpack_zone *zone,

@@ -64,6 +64,12 @@ void tu_pk_strn(msgpack_packer *pk, const void *s, size_t len);
 void tu_pack_request(tu_buf *b, const char *op, const void *id, size_t id_len,
                      const void *args, size_t args_len);
 
+/* An error map packed with the runtime's packer (ctl_env_pack_error),
+ * from the error it stands for: `reason` goes with CTL_BUSY, `blobs` with
+ * CTL_MISSING. Returns 0 or -1. */
+int tu_pack_error_map(msgpack_packer *pk, ctl_kind kind, const char *msg,
+                      const char *reason, const ctl_str *blobs, size_t count);
+
 /* A decoded reply [id, ok, body] read with msgpack-c directly. The views
  * point into `data`; `zone` owns the objects. Returns 0, or -1 when the
  * payload is not an array of 3 with a str id and a bool. */
