@@ -11,9 +11,14 @@ CTLRPC_PACKAGES=(
 )
 
 ctlrpc_install_deps() {
+  ctlrpc_apt_install "${CTLRPC_PACKAGES[@]}"
+}
+
+# apt-get install those of the named packages that are not installed yet.
+ctlrpc_apt_install() {
   local missing=()
   local p
-  for p in "${CTLRPC_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
       || missing+=("$p")
   done
