@@ -27,10 +27,9 @@ case "$mode" in all|plain|asan|tsan) ;; *) echo "usage: $0 [all|plain|asan|tsan]
 
 # What runs under TSan: ctest labels, less the tests that run no code of
 # ours in a thread (compile and symbol checks, the standalone projects of
-# the regeneration and evolution tests) and the ones driven from Python. Not the soak either: it judges the growth of
-# its RSS, which TSan's own shadow memory and allocator make grow (it skips
-# that judgement under ASan only).
-CTLRPC_TSAN_LABELS='^(runtime|stubs|storage|faults)$'
+# the regeneration and evolution tests) and the ones driven from Python.
+# The soak runs too; it does not judge its RSS under a sanitizer.
+CTLRPC_TSAN_LABELS='^(runtime|stubs|storage|faults|soak)$'
 CTLRPC_TSAN_EXCLUDE='^(stubs_strict_.*|stubs_regen_.*|stubs_evolve_.*|core_imports_.*|test_storage_cli)$'
 
 run_suite() {
