@@ -1,6 +1,6 @@
 /*
  * test_wire.c - the bounded scan (ctl_wire_check), envelopes (envelope_int.h)
- * and the value readers and writers of wire.h.
+ * and the value readers and writers of ctlrpc/codec.h.
  *
  * Truncation tests copy each prefix into a heap block of exactly that size,
  * so under ASan a scan that reads one byte too far fails loudly instead of
