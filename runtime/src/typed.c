@@ -319,13 +319,14 @@ static int decode_record(const msgpack_object *o, const ctl_type *t, void *out,
                          ctl_dec *d)
 {
     bool args = (t->flags & CTL_RECORD_ARGS) != 0;
-    bool seen_small[64] = {false};
-    bool *seen = seen_small;
+    /* One bit per field: a word on the stack for up to 64 fields. */
+    uint64_t seen_word = 0;
+    uint64_t *seen = &seen_word;
     if (o->type != MSGPACK_OBJECT_MAP)
         return ctl_dec_mismatch(d, t->idl, o);
     init_record(t, out);
-    if (t->field_count > sizeof seen_small / sizeof seen_small[0] &&
-        !(seen = ctl_dec_alloc(d, t->field_count, sizeof *seen)))
+    if (t->field_count > 64 &&
+        !(seen = ctl_dec_alloc(d, (t->field_count + 63) / 64, sizeof *seen)))
         return -1;
     for (uint32_t i = 0; i < o->via.map.size; i++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[i];
@@ -339,10 +340,10 @@ static int decode_record(const msgpack_object *o, const ctl_type *t, void *out,
             if (!args)
                 continue; /* a field this side does not know */
             rc = ctl_dec_fail(d, "not an arg of %s", t->name);
-        } else if (seen[k]) {
+        } else if (seen[k / 64] & (UINT64_C(1) << (k % 64))) {
             rc = ctl_dec_fail(d, args ? "given twice" : "field given twice");
         } else {
-            seen[k] = true;
+            seen[k / 64] |= UINT64_C(1) << (k % 64);
             rc = ctl_type_decode(&kv->val, f->type, (char *)out + f->offset, d);
         }
         if (rc)
@@ -351,7 +352,7 @@ static int decode_record(const msgpack_object *o, const ctl_type *t, void *out,
     }
     for (size_t k = 0; k < t->field_count; k++) {
         const ctl_field *f = &t->fields[k];
-        if (!f->required || seen[k])
+        if (!f->required || (seen[k / 64] & (UINT64_C(1) << (k % 64))))
             continue;
         if (args)
             return ctl_dec_fail(d, "missing required arg '%s'", f->name);
