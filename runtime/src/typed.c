@@ -217,18 +217,32 @@ static bool sent(const ctl_type *t, const ctl_field *f, const void *v)
     return !is_default(f->type, at(v, f->offset), at(t->defaults, f->offset));
 }
 
+/* Pack a field's name as a msgpack str in one write: the names of a
+ * service are short, so header and bytes usually fit one small buffer. */
+static int pack_name(msgpack_packer *pk, const ctl_field *f)
+{
+    char buf[32];
+    if (f->name_len >= sizeof buf)
+        return msgpack_pack_str_with_body(pk, f->name, f->name_len);
+    buf[0] = (char)(0xa0 | f->name_len); /* fixstr: up to 31 bytes */
+    memcpy(buf + 1, f->name, f->name_len);
+    return pk->callback(pk->data, buf, f->name_len + 1);
+}
+
 static int pack_record(msgpack_packer *pk, const ctl_type *t, const void *v)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < t->field_count; i++)
-        n += sent(t, &t->fields[i], v);
+    size_t n = t->field_count;
+    if (t->flags & CTL_RECORD_ARGS) {
+        n = 0;
+        for (size_t i = 0; i < t->field_count; i++)
+            n += sent(t, &t->fields[i], v);
+    }
     if (msgpack_pack_map(pk, n))
         return -1;
     for (size_t i = 0; i < t->field_count; i++) {
         const ctl_field *f = &t->fields[i];
         if (sent(t, f, v) &&
-            (msgpack_pack_str_with_body(pk, f->name, f->name_len) ||
-             ctl_type_pack(pk, f->type, at(v, f->offset))))
+            (pack_name(pk, f) || ctl_type_pack(pk, f->type, at(v, f->offset))))
             return -1;
     }
     return 0;
@@ -293,17 +307,28 @@ static void init_record(const ctl_type *t, void *out)
         memset(out, 0, t->size);
 }
 
+static bool name_is(const ctl_field *f, const msgpack_object *key)
+{
+    return key->via.str.size == f->name_len &&
+           memcmp(key->via.str.ptr, f->name, f->name_len) == 0;
+}
+
+/* The field named by the `pos`-th key of a map. Peers (ours among them)
+ * send fields in declaration order, so the field at `pos` is tried first;
+ * any order is found. */
 static const ctl_field *find_field(const ctl_type *t, const msgpack_object *key,
-                                   size_t *index)
+                                   size_t pos, size_t *index)
 {
     if (key->type != MSGPACK_OBJECT_STR)
         return NULL;
+    if (pos < t->field_count && name_is(&t->fields[pos], key)) {
+        *index = pos;
+        return &t->fields[pos];
+    }
     for (size_t i = 0; i < t->field_count; i++) {
-        const ctl_field *f = &t->fields[i];
-        if (key->via.str.size == f->name_len &&
-            memcmp(key->via.str.ptr, f->name, f->name_len) == 0) {
+        if (name_is(&t->fields[i], key)) {
             *index = i;
-            return f;
+            return &t->fields[i];
         }
     }
     return NULL;
@@ -335,7 +360,7 @@ static int decode_record(const msgpack_object *o, const ctl_type *t, void *out,
         if (args && kv->key.type != MSGPACK_OBJECT_STR)
             return ctl_dec_fail(d, "arg names must be strings, not %s",
                                 ctl_obj_type_name(&kv->key));
-        const ctl_field *f = find_field(t, &kv->key, &k);
+        const ctl_field *f = find_field(t, &kv->key, i, &k);
         if (!f) {
             if (!args)
                 continue; /* a field this side does not know */
