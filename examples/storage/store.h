@@ -1,5 +1,5 @@
 /*
- * store.h - the blob store behind one storage unit (STORAGE.md).
+ * store.h - the blob store behind one storage unit (docs/STORAGE.md).
  *
  * A store maps arbitrary byte-string keys to blobs. Blobs live in memory up
  * to `capacity` bytes; when a spill directory is set, a blob that does not
