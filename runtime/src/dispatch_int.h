@@ -61,8 +61,9 @@ typedef enum ctl_verdict {
     CTL_DISPATCH_REPLY    /* `out` holds the reply payload to send */
 } ctl_verdict;
 
-/* Counters of ctl_server_stats; the transport counts replies and send
- * failures, the ZAP handler its refusals. */
+/* Counters of ctl_server_stats: the core counts requests and drops, the
+ * transport the replies it sent and could not send. (Refused CURVE clients
+ * are counted by the ZAP handler, in the server.) */
 typedef struct ctl_dispatch_counters {
     _Atomic uint64_t requests;
     _Atomic uint64_t replies;
