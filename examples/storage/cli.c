@@ -589,8 +589,8 @@ static int cmd_stats(cli *c, int argc, char **argv)
     if (c->json)
         printf("[");
     else
-        printf("%-28s %8s %12s %12s %7s %8s %9s %8s\n", "UNIT", "BLOBS", "BYTES",
-               "CAPACITY", "PINNED", "SPILLED", "REQUESTS", "DROPPED");
+        printf("%-28s %8s %12s %12s %7s %8s %9s %8s %12s\n", "UNIT", "BLOBS", "BYTES",
+               "CAPACITY", "PINNED", "SPILLED", "REQUESTS", "DROPPED", "INDEX_BYTES");
     for (size_t i = 0; i < n; i++) {
         const storage_stats_outcome *u = &out[i];
         const storage_UnitStats *s = &u->result;
@@ -606,18 +606,19 @@ static int cmd_stats(cli *c, int argc, char **argv)
                 printf(", \"blobs\": %" PRIu64 ", \"bytes\": %" PRIu64
                        ", \"capacity\": %" PRIu64 ", \"pinned\": %" PRIu64
                        ", \"spilled\": %" PRIu64 ", \"requests\": %" PRIu64
-                       ", \"dropped\": %" PRIu64,
+                       ", \"dropped\": %" PRIu64 ", \"index_bytes\": %" PRIu64
+                       ", \"index_capacity\": %" PRIu64,
                        s->blobs, s->bytes, s->capacity, s->pinned, s->spilled,
-                       s->requests, s->dropped);
+                       s->requests, s->dropped, s->index_bytes, s->index_capacity);
             }
             printf("}");
         } else if (u->error.kind != CTL_OK) {
             printf("%-28s %s: %s\n", c->addresses[i], word_of(&u->error), u->error.msg);
         } else {
             printf("%-28s %8" PRIu64 " %12" PRIu64 " %12" PRIu64 " %7" PRIu64 " %8" PRIu64
-                   " %9" PRIu64 " %8" PRIu64 "\n",
+                   " %9" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n",
                    c->addresses[i], s->blobs, s->bytes, s->capacity, s->pinned,
-                   s->spilled, s->requests, s->dropped);
+                   s->spilled, s->requests, s->dropped, s->index_bytes);
         }
     }
     if (c->json)

@@ -238,6 +238,8 @@ static int on_stats(void *ctx, storage_UnitStats *result, ctl_req *req)
     result->spilled = t.spilled;
     result->requests = ss.requests;
     result->dropped = ss.dropped;
+    result->index_bytes = t.index_bytes;
+    result->index_capacity = t.index_capacity;
     return 0;
 }
 

@@ -31,6 +31,9 @@ struct store {
     size_t count;
     uint64_t capacity;
     uint64_t bytes; /* in memory */
+    size_t max_key;
+    uint64_t index_capacity;
+    uint64_t index_bytes; /* keys and bookkeeping: the blobs' index_cost */
     uint64_t pinned;
     uint64_t spilled;
     int spill_fd; /* -1: no spilling */
@@ -38,6 +41,12 @@ struct store {
     uint64_t next_spill;
     uint64_t pass;
 };
+
+/* A blob's node, two bucket slots (the table is at most half full after it
+ * grows) and the headers of its two allocations (node and key copy) fit in
+ * what the index charges it. */
+_Static_assert(sizeof(node) + 2 * sizeof(node *) + 2 * 16 + 16 <= STORE_BLOB_OVERHEAD,
+               "STORE_BLOB_OVERHEAD is too small for a node");
 
 static uint64_t hash_key(ctl_str k)
 {
@@ -57,6 +66,7 @@ int store_new(uint64_t capacity, const char *spill_dir, store **out,
     s->nbuckets = 64;
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
     s->capacity = capacity;
+    store_set_limits(s, 0, 0);
     s->spill_fd = -1;
     if (!s->buckets) {
         free(s);
@@ -82,6 +92,12 @@ int store_new(uint64_t capacity, const char *spill_dir, store **out,
     }
     *out = s;
     return 0;
+}
+
+void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity)
+{
+    s->max_key = max_key_bytes ? max_key_bytes : STORE_DEFAULT_MAX_KEY_BYTES;
+    s->index_capacity = index_capacity ? index_capacity : STORE_DEFAULT_INDEX_CAPACITY;
 }
 
 static void spill_name(uint64_t id, char buf[40])
@@ -118,6 +134,7 @@ void store_destroy(store **sp)
         while (n) {
             node *next = n->next;
             drop_data(s, &n->blob);
+            s->index_bytes -= n->blob.index_cost;
             free((char *)n->blob.key.ptr);
             free(n);
             n = next;
@@ -212,6 +229,11 @@ int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
 {
     if (hold_taken)
         *hold_taken = false;
+    if (key.len > s->max_key)
+        return ctl_error_set(err, CTL_PROTOCOL,
+                             "a key of %zu bytes is longer than this unit's "
+                             "limit of %zu bytes (--max-key-bytes)",
+                             key.len, s->max_key);
     uint64_t h = hash_key(key);
     node **p = slot(s, key, h);
     node *n = *p;
@@ -223,6 +245,17 @@ int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
     bool fits = data.len <= s->capacity && base <= s->capacity - data.len;
     unsigned char *mem = NULL;
     uint64_t spill_id = 0;
+    /* The index pays for the key, the node and, when the request message
+     * is held, the rest of that message (its own copy of the key and the
+     * envelope); the blob's bytes are paid for above. */
+    size_t cost = key.len + STORE_BLOB_OVERHEAD + (fits && hold ? key.len + 64 : 0);
+    uint64_t index_base = s->index_bytes - (n ? n->blob.index_cost : 0);
+    if (cost > s->index_capacity || index_base > s->index_capacity - cost)
+        return ctl_error_set(err, CTL_UNIT_FULL,
+                             "no room for another key: %llu of %llu bytes of "
+                             "keys and bookkeeping in use (--index-capacity)",
+                             (unsigned long long)index_base,
+                             (unsigned long long)s->index_capacity);
     if (fits && hold) {
         mem = (unsigned char *)ctl_hold_view(hold).ptr;
     } else if (fits) {
@@ -267,6 +300,8 @@ int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
     } else {
         drop_data(s, &n->blob);
     }
+    s->index_bytes = index_base + cost;
+    n->blob.index_cost = cost;
     n->blob.size = data.len;
     n->blob.data = mem;
     n->blob.hold = fits ? hold : NULL;
@@ -343,6 +378,7 @@ void store_remove(store *s, ctl_str key)
         return;
     *p = n->next;
     drop_data(s, &n->blob);
+    s->index_bytes -= n->blob.index_cost;
     if (n->blob.pinned)
         s->pinned--;
     free((char *)n->blob.key.ptr);
@@ -368,6 +404,8 @@ void store_totals_get(const store *s, store_totals *out)
     out->capacity = s->capacity;
     out->pinned = s->pinned;
     out->spilled = s->spilled;
+    out->index_bytes = s->index_bytes;
+    out->index_capacity = s->index_capacity;
 }
 
 int store_parse_size(const char *text, uint64_t *out)

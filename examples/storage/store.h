@@ -18,6 +18,13 @@
  *   when any named blob is pinned and then deletes nothing.
  * - get/describe/pin name every absent key in their Missing error.
  *
+ * Bounds: blob bytes kept in memory count against `capacity`. Everything
+ * else a blob keeps in memory (its key, its node in the table, and the
+ * rest of a request message held for it) counts against a second bound,
+ * the index capacity, so no client can grow a unit past both, whatever
+ * keys it sends; and a put whose key is longer than `max_key_bytes` is
+ * refused with a Protocol error naming the limit.
+ *
  * Threading: none inside; the unit calls it under its server lock.
  */
 #ifndef CTL_STORAGE_STORE_H
@@ -35,6 +42,7 @@ typedef struct store store;
 typedef struct store_blob {
     ctl_str key;       /* owned by the store */
     size_t size;
+    size_t index_cost; /* what it counts against the index capacity */
     bool pinned;
     bool spilled;
     unsigned char *data; /* in memory; NULL when spilled */
@@ -45,13 +53,26 @@ typedef struct store_blob {
 
 typedef struct store_totals {
     uint64_t blobs, bytes, capacity, pinned, spilled;
+    uint64_t index_bytes, index_capacity; /* keys and bookkeeping */
 } store_totals;
+
+/* Defaults of store_set_limits. */
+#define STORE_DEFAULT_MAX_KEY_BYTES 4096u
+#define STORE_DEFAULT_INDEX_CAPACITY ((uint64_t)64 << 20)
+
+/* What a blob costs the index beside its key: its node in the table, its
+ * bucket slots and the allocator's headers (an estimate on the high side). */
+#define STORE_BLOB_OVERHEAD 160u
 
 /* A store of `capacity` bytes in memory, spilling to `spill_dir` (created
  * if missing; NULL: no spilling). Returns 0, or CTL_INVALID naming the
  * directory when it cannot be used. */
 int store_new(uint64_t capacity, const char *spill_dir, store **out,
               ctl_error *err);
+
+/* Set the longest key a put accepts and the bytes that keys and
+ * bookkeeping may take (0: the defaults above). */
+void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity);
 
 /* Free the store and remove its spill files. Accepts NULL. */
 void store_destroy(store **s);
@@ -63,7 +84,8 @@ store_blob *store_find(store *s, ctl_str key);
  * `hold` (may be NULL) holds them: then a blob kept in memory keeps the
  * hold instead of a copy (the store owns `hold` when this returns 0 with
  * *hold_taken set; otherwise the caller still does). Returns 0, CTL_BUSY
- * (pinned), CTL_UNIT_FULL, or CTL_PROTOCOL (a spill file failed). */
+ * (pinned), CTL_UNIT_FULL (no room for the bytes, or for another key in the
+ * index), or CTL_PROTOCOL (a key over the limit, or a spill file failed). */
 int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
               bool *hold_taken, ctl_error *err);
 

@@ -2,7 +2,8 @@
  * unit.c - ctl-storage-unit: one storage unit serving idl/storage.idl.
  *
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
- *                    [--max-msg-bytes BYTES] [--curve-secret FILE
+ *                    [--max-msg-bytes BYTES] [--max-key-bytes BYTES]
+ *                    [--index-capacity BYTES] [--curve-secret FILE
  *                    [--curve-allow FILE]]
  *   ctl-storage-unit --gen-keys PREFIX
  *
@@ -29,6 +30,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES]\n"
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
+            "                        [--max-key-bytes BYTES] [--index-capacity BYTES]\n"
             "                        [--curve-secret FILE [--curve-allow FILE]]\n"
             "       ctl-storage-unit --gen-keys PREFIX\n"
             "\n"
@@ -43,6 +45,10 @@ static void usage(FILE *f)
             "                       (created if missing; its blob files are removed\n"
             "                       at shutdown) instead of refusing them\n"
             "  --max-msg-bytes N    largest request accepted (default 256M)\n"
+            "  --max-key-bytes N    longest key a put accepts (default 4K)\n"
+            "  --index-capacity N   bytes of keys and bookkeeping kept, beside the\n"
+            "                       blobs' bytes (default 64M); a put that needs\n"
+            "                       more is refused with UnitFull\n"
             "  --curve-secret FILE  encrypt with CURVE: the unit's secret key (the\n"
             "                       file must not be readable by others); only\n"
             "                       clients that know its public key get through\n"
@@ -60,6 +66,8 @@ int main(int argc, char **argv)
         {"capacity", required_argument, NULL, 'c'},
         {"spill-dir", required_argument, NULL, 's'},
         {"max-msg-bytes", required_argument, NULL, 'm'},
+        {"max-key-bytes", required_argument, NULL, 'K'},
+        {"index-capacity", required_argument, NULL, 'I'},
         {"curve-secret", required_argument, NULL, 'k'},
         {"curve-allow", required_argument, NULL, 'A'},
         {"gen-keys", required_argument, NULL, 'g'},
@@ -68,6 +76,7 @@ int main(int argc, char **argv)
     };
     const char *bind = NULL, *spill = NULL, *secret_file = NULL, *allow_file = NULL;
     uint64_t capacity = (uint64_t)1 << 30, max_msg = 0;
+    uint64_t max_key = STORE_DEFAULT_MAX_KEY_BYTES, index_capacity = STORE_DEFAULT_INDEX_CAPACITY;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -87,6 +96,21 @@ int main(int argc, char **argv)
         case 'm':
             if (store_parse_size(optarg, &max_msg) != 0 || max_msg == 0) {
                 fprintf(stderr, "ctl-storage-unit: --max-msg-bytes '%s' is not "
+                        "a positive size\n", optarg);
+                return 2;
+            }
+            break;
+        case 'K':
+            if (store_parse_size(optarg, &max_key) != 0 || max_key == 0 ||
+                max_key > SIZE_MAX) {
+                fprintf(stderr, "ctl-storage-unit: --max-key-bytes '%s' is not "
+                        "a positive size\n", optarg);
+                return 2;
+            }
+            break;
+        case 'I':
+            if (store_parse_size(optarg, &index_capacity) != 0 || index_capacity == 0) {
+                fprintf(stderr, "ctl-storage-unit: --index-capacity '%s' is not "
                         "a positive size\n", optarg);
                 return 2;
             }
@@ -162,6 +186,7 @@ int main(int argc, char **argv)
         free(allow);
         return 1;
     }
+    store_set_limits(u.store, (size_t)max_key, index_capacity);
     storage_handlers h;
     storage_unit_handlers(&u, &h);
     ctl_server_options so;

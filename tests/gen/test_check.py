@@ -58,7 +58,8 @@ class Storage(unittest.TestCase):
         self.assertEqual(fields, {
             "BlobInfo": ["key: str", "size: u64", "pinned: bool", "spilled: bool"],
             "UnitStats": ["blobs: u64", "bytes: u64", "capacity: u64", "pinned: u64",
-                          "spilled: u64", "requests: u64", "dropped: u64"],
+                          "spilled: u64", "requests: u64", "dropped: u64",
+                          "index_bytes: u64 = 0", "index_capacity: u64 = 0"],
         })
 
     def test_docs_are_carried(self):

@@ -70,7 +70,7 @@ class RenderTest(unittest.TestCase):
     def test_each_op_carries_its_declaration_and_doc(self):
         out = self.gen(STORAGE_IDL, "s")
         header = self.read(os.path.join(out, "storage.ctl.h")).decode()
-        self.assertIn(" * idl/storage.idl:42  op put(key: str, data: bin, pin: bool = false) "
+        self.assertIn(" * idl/storage.idl:49  op put(key: str, data: bin, pin: bool = false) "
                       "-> u64 raises UnitFull, Busy\n", header)
         self.assertIn(" * Store `data` under `key`", header)
         self.assertIn("#if CTL_GEN_ABI != 2\n#error", header)

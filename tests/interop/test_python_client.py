@@ -148,8 +148,11 @@ class TestOps(UnitCase):
     def test_stats(self):
         self.ok("put", {"key": "a", "data": b"x" * 10, "pin": True})
         s = self.ok("stats")
-        self.assertEqual(set(s), {"blobs", "bytes", "capacity", "pinned", "spilled",
-                                  "requests", "dropped"})
+        # index_bytes and index_capacity are defaulted fields: a unit that does
+        # not count its keys (the Python one) leaves them out.
+        self.assertEqual(set(s) - {"index_bytes", "index_capacity"},
+                         {"blobs", "bytes", "capacity", "pinned", "spilled", "requests",
+                          "dropped"})
         self.assertTrue(all(isinstance(v, int) and not isinstance(v, bool)
                             for v in s.values()))
         self.assertEqual((s["blobs"], s["bytes"], s["capacity"], s["pinned"], s["spilled"]),

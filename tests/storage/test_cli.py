@@ -370,7 +370,7 @@ class TestCommands(CliCase):
         r = self.run_ok(u, "stats")
         lines = r.text.splitlines()
         self.assertEqual(lines[0].split(), ["UNIT", "BLOBS", "BYTES", "CAPACITY", "PINNED",
-                                            "SPILLED", "REQUESTS", "DROPPED"])
+                                            "SPILLED", "REQUESTS", "DROPPED", "INDEX_BYTES"])
         row = lines[1].split()
         self.assertEqual(row[0], u.address)
         self.assertEqual(row[1:6], ["2", "15", str(64 << 20), "1", "0"])
@@ -380,9 +380,15 @@ class TestCommands(CliCase):
         self.assertEqual(len(s), 1)
         s = s[0]
         requests = s.pop("requests")
+        index_bytes = s.pop("index_bytes")
         self.assertEqual(s, {"address": u.address, "blobs": 2, "bytes": 15,
-                             "capacity": 64 << 20, "pinned": 1, "spilled": 0, "dropped": 0})
+                             "capacity": 64 << 20, "pinned": 1, "spilled": 0, "dropped": 0,
+                             "index_capacity": 64 << 20})
         self.assertEqual(requests, int(row[6]) + 1)
+        # Two one-byte keys and their bookkeeping, as the table says.
+        self.assertEqual(index_bytes, int(row[8]))
+        self.assertGreater(index_bytes, 2)
+        self.assertLess(index_bytes, 1024)
 
     def test_missing(self):
         u = self.u

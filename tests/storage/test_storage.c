@@ -69,6 +69,7 @@ typedef struct fx {
     ctl_client *client;
     ctl_error err;
     void *zctx; /* for raw sockets */
+    const char *index; /* --index-capacity (NULL: 64M) */
 } fx;
 
 /* ---- the unit process ------------------------------------------------ */
@@ -93,8 +94,11 @@ static int unit_start(fx *f, const char *capacity, bool spill, const char *bind)
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 ||
             dup2(p[1], STDOUT_FILENO) < 0 || chdir(f->tmp) != 0)
             _exit(127);
+        /* Keys of up to 10 KiB are sent on purpose (hostile keys);
+         * f->index sets a small index capacity for the bound tests. */
         const char *argv[] = {UNIT_BIN, "--bind", bind ? bind : "tcp://127.0.0.1:0",
-                              "--capacity", capacity,
+                              "--capacity", capacity, "--max-key-bytes", "16K",
+                              "--index-capacity", f->index ? f->index : "64M",
                               spill ? "--spill-dir" : NULL, f->spill, NULL};
         execv(UNIT_BIN, (char *const *)argv);
         _exit(127);
@@ -180,12 +184,14 @@ static int unit_stop(fx *f)
 
 static int teardown(void **state);
 
-static int fx_new(void **state, const char *capacity, bool spill)
+static int fx_new_index(void **state, const char *capacity, bool spill,
+                        const char *index)
 {
     fx *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
     *state = f;
+    f->index = index;
     f->out_fd = -1;
     ctl_error_init(&f->err);
     const char *base = getenv("TMPDIR");
@@ -204,7 +210,14 @@ static int fx_new(void **state, const char *capacity, bool spill)
     return 0;
 }
 
+static int fx_new(void **state, const char *capacity, bool spill)
+{
+    return fx_new_index(state, capacity, spill, NULL);
+}
+
 static int setup_big(void **state) { return fx_new(state, "64M", false); }
+/* A unit whose keys and bookkeeping may take 64 KiB. */
+static int setup_small_index(void **state) { return fx_new_index(state, "64M", false, "64K"); }
 static int setup_small(void **state) { return fx_new(state, "1000", false); }
 static int setup_spill(void **state) { return fx_new(state, "1000", true); }
 
@@ -1068,6 +1081,69 @@ static void test_spill_file_lost(void **state)
     assert_int_equal(stats(f).blobs, 0);
 }
 
+/* A key longer than --max-key-bytes is refused, naming the limit; one at
+ * the limit is stored. */
+static void test_key_limit(void **state)
+{
+    fx *f = *state;
+    size_t limit = 16 * 1024;
+    char *key = malloc(limit + 1);
+    assert_non_null(key);
+    memset(key, 'k', limit + 1);
+    assert_int_equal(put(f, (ctl_str){key, limit + 1}, S("x"), false), CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+    assert_non_null(strstr(f->err.msg, "a key of 16385 bytes is longer than this unit's "
+                                       "limit of 16384 bytes (--max-key-bytes)"));
+    put_ok(f, (ctl_str){key, limit}, S("x"), false);
+    free(key);
+}
+
+/* Keys and bookkeeping count against --index-capacity, whatever the blobs'
+ * sizes: empty blobs under long keys fill it, a put past it is UnitFull,
+ * stats reports it, and deleting gives the room back. */
+static void test_index_capacity(void **state)
+{
+    fx *f = *state;
+    enum { KEY = 4096 };
+    char key[KEY];
+    storage_UnitStats st;
+    ctl_reply *reply = NULL;
+    size_t stored = 0;
+    int rc = 0;
+    memset(key, 'a', sizeof key);
+    for (; stored < 64; stored++) {
+        snprintf(key, 16, "%08zu", stored);
+        key[8] = 'a'; /* keep the key KEY bytes long */
+        rc = put(f, (ctl_str){key, KEY}, S(""), false);
+        if (rc != 0)
+            break;
+    }
+    assert_int_equal(rc, CTL_UNIT_FULL);
+    assert_non_null(strstr(f->err.msg, "no room for another key"));
+    assert_non_null(strstr(f->err.msg, "of 65536 bytes of keys and bookkeeping in use "
+                                       "(--index-capacity)"));
+    /* 64 KiB of index holds fewer than 16 keys of 4 KiB (each costs its
+     * bookkeeping too), and at least 14. */
+    assert_in_range(stored, 14, 15);
+    assert_int_equal(storage_stats(f->client, f->endpoint, CALL_MS, &st, &reply, &f->err), 0);
+    assert_int_equal(st.blobs, stored);
+    assert_int_equal(st.bytes, 0);
+    assert_int_equal(st.index_capacity, 65536);
+    assert_in_range(st.index_bytes, stored * KEY, 65536);
+    ctl_reply_destroy(&reply);
+    /* Deleting one gives its room back. */
+    snprintf(key, 16, "%08zu", (size_t)0);
+    key[8] = 'a';
+    const ctl_str gone = {key, KEY};
+    storage_delete_args da = {.keys = keys_of(&gone, 1)};
+    uint64_t deleted = 0;
+    assert_int_equal(storage_delete(f->client, f->endpoint, &da, CALL_MS, &deleted, &f->err), 0);
+    assert_int_equal(deleted, 1);
+    snprintf(key, 16, "%08zu", stored);
+    key[8] = 'a';
+    put_ok(f, (ctl_str){key, KEY}, S(""), false);
+}
+
 static void test_spill_hostile_keys(void **state)
 {
     fx *f = *state;
@@ -1340,6 +1416,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_beyond_capacity, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_spill_file_lost, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_spill_hostile_keys, setup_spill, teardown),
+        cmocka_unit_test_setup_teardown(test_key_limit, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_index_capacity, setup_small_index, teardown),
         cmocka_unit_test_setup_teardown(test_spill_dir_reused_after_kill, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_clean_shutdown, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_frozen_unit, setup_big, teardown),
