@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <ftw.h>
 #include <limits.h>
 #include <poll.h>
@@ -218,6 +219,8 @@ static int fx_new(void **state, const char *capacity, bool spill)
 static int setup_big(void **state) { return fx_new(state, "64M", false); }
 /* A unit whose keys and bookkeeping may take 64 KiB. */
 static int setup_small_index(void **state) { return fx_new_index(state, "64M", false, "64K"); }
+/* A small unit: 1 MiB of blobs, 8 MiB of keys and bookkeeping. */
+static int setup_flood(void **state) { return fx_new_index(state, "1M", false, "8M"); }
 static int setup_small(void **state) { return fx_new(state, "1000", false); }
 static int setup_spill(void **state) { return fx_new(state, "1000", true); }
 
@@ -1081,6 +1084,154 @@ static void test_spill_file_lost(void **state)
     assert_int_equal(stats(f).blobs, 0);
 }
 
+/* ---- memory bounds under a flood ----------------------------------- */
+
+/* Under a sanitizer the unit's RSS is mostly the sanitizer's (shadow
+ * memory, quarantine): the bounds are still checked through stats, the
+ * RSS only without one. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+/* The resident memory of process `pid` in bytes (0 when unreadable). */
+static uint64_t rss_of(pid_t pid)
+{
+    char path[64], line[256];
+    uint64_t kib = 0;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kib) == 1)
+            break;
+    fclose(fp);
+    return kib * 1024;
+}
+
+/* One client thread of a flood: puts empty blobs under distinct keys of
+ * `key_len` bytes until a put fails or `max_puts` have been stored. */
+typedef struct flooder {
+    const fx *f;
+    int id;
+    size_t key_len;
+    size_t max_puts;
+    size_t stored;
+    int rc;          /* the failure that ended it (0: none) */
+    char msg[256];
+} flooder;
+
+static void *flood(void *arg)
+{
+    flooder *fl = arg;
+    ctl_error err;
+    char *key = malloc(fl->key_len);
+    ctl_error_init(&err);
+    if (!key)
+        return NULL;
+    memset(key, 'k', fl->key_len);
+    for (size_t i = 0; i < fl->max_puts; i++) {
+        char head[32];
+        int n = snprintf(head, sizeof head, "%d-%zu-", fl->id, i);
+        memcpy(key, head, (size_t)n < fl->key_len ? (size_t)n : fl->key_len);
+        storage_put_args a = STORAGE_PUT_ARGS_INIT;
+        a.key = (ctl_str){key, fl->key_len};
+        a.data = (ctl_str){"", 0};
+        fl->rc = storage_put(fl->f->client, fl->f->endpoint, &a, CALL_MS, NULL, &err);
+        if (fl->rc != 0) {
+            snprintf(fl->msg, sizeof fl->msg, "%s", err.msg);
+            break;
+        }
+        fl->stored++;
+    }
+    ctl_error_fini(&err);
+    free(key);
+    return NULL;
+}
+
+/* Flood the unit of `f` with `threads` clients putting empty blobs under
+ * keys of `key_len` bytes until the index is full; check that every
+ * flooder was stopped by UnitFull naming the index, that stats account for
+ * exactly what was stored within the bound, and (without a sanitizer)
+ * that the unit's RSS grew by no more than its two bounds and a slack. */
+static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
+{
+    enum { THREADS = 4 };
+    storage_UnitStats st;
+    ctl_reply *reply = NULL;
+    assert_int_equal(storage_stats(f->client, f->endpoint, CALL_MS, &st, &reply, &f->err), 0);
+    ctl_reply_destroy(&reply);
+    uint64_t rss_before = rss_of(f->pid);
+    /* Each blob costs its key and at least its bookkeeping: no more than
+     * this many can fit, and a unit that did not count keys would take
+     * them all. */
+    size_t most = (size_t)(index_capacity / (key_len + 160)) + 1;
+    flooder fl[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        fl[i] = (flooder){.f = f, .id = i, .key_len = key_len, .max_puts = most};
+        assert_int_equal(pthread_create(&t[i], NULL, flood, &fl[i]), 0);
+    }
+    size_t stored = 0;
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        stored += fl[i].stored;
+        if (fl[i].rc != CTL_UNIT_FULL || !strstr(fl[i].msg, "no room for another key"))
+            fail_msg("flooder %d ended with %d: %s", i, fl[i].rc, fl[i].msg);
+    }
+    assert_int_equal(storage_stats(f->client, f->endpoint, CALL_MS, &st, &reply, &f->err), 0);
+    ctl_reply_destroy(&reply);
+    assert_int_equal(st.blobs, stored);
+    assert_int_equal(st.bytes, 0);
+    assert_int_equal(st.index_capacity, index_capacity);
+    assert_true(st.index_bytes <= index_capacity);
+    /* Full: not even one more key fits. */
+    assert_true(st.index_bytes + key_len + 160 > index_capacity);
+    assert_true(st.index_bytes >= stored * (key_len + 160));
+    uint64_t rss_after = rss_of(f->pid);
+    print_message("flood: %zu blobs under %zu-byte keys, index %" PRIu64 " of %" PRIu64
+                  " bytes; unit RSS %" PRIu64 " -> %" PRIu64 " bytes\n", stored, key_len,
+                  st.index_bytes, index_capacity, rss_before, rss_after);
+    if (!SANITIZED && rss_before && rss_after) {
+        uint64_t slack = (uint64_t)16 << 20;
+        if (rss_after > rss_before + st.capacity + index_capacity + slack)
+            fail_msg("unit RSS grew from %" PRIu64 " to %" PRIu64 " bytes: more than "
+                     "capacity %" PRIu64 " + index %" PRIu64 " + 16 MiB", rss_before,
+                     rss_after, st.capacity, index_capacity);
+    }
+}
+
+/* Many tiny blobs: the bookkeeping alone fills the index. */
+static void test_flood_tiny_blobs(void **state)
+{
+    flood_until_full(*state, 12, (uint64_t)8 << 20);
+}
+
+/* Long keys with empty blobs (the hole a hostile client could use): they
+ * fill the index too, and keys over the limit never get in. */
+static void test_flood_long_keys(void **state)
+{
+    fx *f = *state;
+    size_t huge = (size_t)1 << 20;
+    char *key = malloc(huge);
+    assert_non_null(key);
+    memset(key, 'h', huge);
+    for (int i = 0; i < 16; i++) {
+        key[0] = (char)('a' + i);
+        assert_int_equal(put(f, (ctl_str){key, huge}, S(""), false), CTL_TRANSFER);
+        assert_non_null(strstr(f->err.msg, "(--max-key-bytes)"));
+    }
+    free(key);
+    flood_until_full(f, 16 * 1024, (uint64_t)8 << 20);
+}
+
 /* A key longer than --max-key-bytes is refused, naming the limit; one at
  * the limit is stored. */
 static void test_key_limit(void **state)
@@ -1418,6 +1569,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_hostile_keys, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_key_limit, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_index_capacity, setup_small_index, teardown),
+        cmocka_unit_test_setup_teardown(test_flood_tiny_blobs, setup_flood, teardown),
+        cmocka_unit_test_setup_teardown(test_flood_long_keys, setup_flood, teardown),
         cmocka_unit_test_setup_teardown(test_spill_dir_reused_after_kill, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_clean_shutdown, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_frozen_unit, setup_big, teardown),
