@@ -183,6 +183,22 @@ static void grow(store *s)
     s->nbuckets = nb;
 }
 
+/* A spill that failed: the partial file (if any) is removed, and the put
+ * fails with UnitFull naming the cause (ENOSPC, EDQUOT, EFBIG, EACCES, an
+ * I/O error...): the blob does not fit anywhere, and nothing stored
+ * before is touched. */
+static int spill_failed(store *s, const char *name, int fd, int e, size_t len,
+                        ctl_error *err)
+{
+    if (fd >= 0) {
+        close(fd);
+        unlinkat(s->spill_fd, name, 0);
+    }
+    return ctl_error_set(err, CTL_UNIT_FULL,
+                         "%zu bytes do not fit in memory and cannot be spilled to "
+                         "%s/%s: %s", len, s->spill_dir, name, strerror(e));
+}
+
 /* Write `data` to a new spill file; returns its id or sets `err`. */
 static int spill_write(store *s, ctl_str data, uint64_t *id, ctl_error *err)
 {
@@ -198,27 +214,20 @@ static int spill_write(store *s, ctl_str data, uint64_t *id, ctl_error *err)
         fd = openat(s->spill_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     } while (fd < 0 && errno == EEXIST);
     if (fd < 0)
-        return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
-                             s->spill_dir, name, strerror(errno));
+        return spill_failed(s, name, -1, errno, data.len, err);
     size_t off = 0;
     while (off < data.len) {
         ssize_t w = write(fd, data.ptr + off, data.len - off);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlinkat(s->spill_fd, name, 0);
-            return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
-                                 s->spill_dir, name, strerror(e));
-        }
+        if (w <= 0) /* a write of nothing: the device is full */
+            return spill_failed(s, name, fd, w == 0 ? ENOSPC : errno, data.len, err);
         off += (size_t)w;
     }
     if (close(fd) != 0) {
         int e = errno;
         unlinkat(s->spill_fd, name, 0);
-        return ctl_error_set(err, CTL_PROTOCOL, "spill file %s/%s: %s",
-                             s->spill_dir, name, strerror(e));
+        return spill_failed(s, name, -1, e, data.len, err);
     }
     *id = n;
     return 0;

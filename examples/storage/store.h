@@ -85,7 +85,9 @@ store_blob *store_find(store *s, ctl_str key);
  * hold instead of a copy (the store owns `hold` when this returns 0 with
  * *hold_taken set; otherwise the caller still does). Returns 0, CTL_BUSY
  * (pinned), CTL_UNIT_FULL (no room for the bytes, or for another key in the
- * index), or CTL_PROTOCOL (a key over the limit, or a spill file failed). */
+ * index, or the spill file could not be written: the message names the
+ * cause, and no partial file is left), or CTL_PROTOCOL (a key over the
+ * limit). */
 int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
               bool *hold_taken, ctl_error *err);
 

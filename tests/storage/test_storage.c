@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -71,6 +72,7 @@ typedef struct fx {
     ctl_error err;
     void *zctx; /* for raw sockets */
     const char *index; /* --index-capacity (NULL: 64M) */
+    rlim_t fsize;      /* RLIMIT_FSIZE of the unit (0: unlimited) */
 } fx;
 
 /* ---- the unit process ------------------------------------------------ */
@@ -95,6 +97,16 @@ static int unit_start(fx *f, const char *capacity, bool spill, const char *bind)
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 ||
             dup2(p[1], STDOUT_FILENO) < 0 || chdir(f->tmp) != 0)
             _exit(127);
+        if (f->fsize) {
+            /* Files may not grow past f->fsize: a write beyond fails with
+             * EFBIG (SIGXFSZ ignored), as on a full or quota'd disk. */
+            struct rlimit rl = {f->fsize, f->fsize};
+            struct sigaction ign;
+            memset(&ign, 0, sizeof ign);
+            ign.sa_handler = SIG_IGN;
+            if (setrlimit(RLIMIT_FSIZE, &rl) != 0 || sigaction(SIGXFSZ, &ign, NULL) != 0)
+                _exit(127);
+        }
         /* Keys of up to 10 KiB are sent on purpose (hostile keys);
          * f->index sets a small index capacity for the bound tests. */
         const char *argv[] = {UNIT_BIN, "--bind", bind ? bind : "tcp://127.0.0.1:0",
@@ -185,14 +197,15 @@ static int unit_stop(fx *f)
 
 static int teardown(void **state);
 
-static int fx_new_index(void **state, const char *capacity, bool spill,
-                        const char *index)
+static int fx_new_limited(void **state, const char *capacity, bool spill,
+                          const char *index, rlim_t fsize)
 {
     fx *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
     *state = f;
     f->index = index;
+    f->fsize = fsize;
     f->out_fd = -1;
     ctl_error_init(&f->err);
     const char *base = getenv("TMPDIR");
@@ -211,6 +224,12 @@ static int fx_new_index(void **state, const char *capacity, bool spill,
     return 0;
 }
 
+static int fx_new_index(void **state, const char *capacity, bool spill,
+                        const char *index)
+{
+    return fx_new_limited(state, capacity, spill, index, 0);
+}
+
 static int fx_new(void **state, const char *capacity, bool spill)
 {
     return fx_new_index(state, capacity, spill, NULL);
@@ -219,6 +238,12 @@ static int fx_new(void **state, const char *capacity, bool spill)
 static int setup_big(void **state) { return fx_new(state, "64M", false); }
 /* A unit whose keys and bookkeeping may take 64 KiB. */
 static int setup_small_index(void **state) { return fx_new_index(state, "64M", false, "64K"); }
+/* A unit of 1000 bytes spilling to a directory where no file may grow past
+ * 64 KiB. */
+static int setup_spill_fsize(void **state)
+{
+    return fx_new_limited(state, "1000", true, NULL, 64 * 1024);
+}
 /* A small unit: 1 MiB of blobs, 8 MiB of keys and bookkeeping. */
 static int setup_flood(void **state) { return fx_new_index(state, "1M", false, "8M"); }
 static int setup_small(void **state) { return fx_new(state, "1000", false); }
@@ -1051,6 +1076,57 @@ static void test_spill_beyond_capacity(void **state)
 
 /* A spill file that vanished under the unit: get fails with a Protocol error
  * (a Transfer for the caller), the unit keeps serving. */
+/* Files in the spill directory in `f->spill` (the store's own). */
+static int spill_files(fx *f)
+{
+    DIR *d = opendir(f->spill);
+    int n = 0;
+    struct dirent *e;
+    if (!d)
+        return -1;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A spill that cannot be written (here: EFBIG, as a full disk or a quota
+ * would give ENOSPC or EDQUOT) is UnitFull naming the cause; the partial
+ * file is removed and what was stored before is untouched. */
+static void test_spill_write_fails(void **state)
+{
+    fx *f = *state; /* capacity 1000; no file may grow past 64 KiB */
+    static unsigned char mid[10000], big[100000], small[500];
+    fill_random(mid, sizeof mid, 7);
+    fill_random(big, sizeof big, 8);
+    fill_random(small, sizeof small, 9);
+    put_ok(f, S("small"), (ctl_str){(const char *)small, sizeof small}, false);
+    put_ok(f, S("mid"), (ctl_str){(const char *)mid, sizeof mid}, false);
+    assert_true(describe_one(f, S("mid")).spilled);
+    assert_int_equal(spill_files(f), 1);
+
+    assert_int_equal(put(f, S("big"), (ctl_str){(const char *)big, sizeof big}, false),
+                     CTL_UNIT_FULL);
+    assert_non_null(strstr(f->err.msg, "100000 bytes do not fit in memory and cannot be "
+                                       "spilled to "));
+    assert_non_null(strstr(f->err.msg, strerror(EFBIG)));
+    assert_int_equal(spill_files(f), 1); /* no partial file left */
+    /* Replacing a stored blob with one that cannot be spilled keeps the old. */
+    assert_int_equal(put(f, S("mid"), (ctl_str){(const char *)big, sizeof big}, false),
+                     CTL_UNIT_FULL);
+
+    const ctl_str keys[] = {S("small"), S("mid")};
+    const ctl_str want[] = {{(const char *)small, sizeof small}, {(const char *)mid, sizeof mid}};
+    get_expect(f, keys, 2, want);
+    storage_UnitStats st = stats(f);
+    assert_int_equal(st.blobs, 2);
+    assert_int_equal(st.spilled, 1);
+    assert_int_equal(st.bytes, sizeof small);
+    /* The unit goes on spilling what fits. */
+    put_ok(f, S("mid2"), (ctl_str){(const char *)mid, sizeof mid}, false);
+    assert_int_equal(spill_files(f), 2);
+}
+
 static void test_spill_file_lost(void **state)
 {
     fx *f = *state;
@@ -1567,6 +1643,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_beyond_capacity, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_spill_file_lost, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_spill_hostile_keys, setup_spill, teardown),
+        cmocka_unit_test_setup_teardown(test_spill_write_fails, setup_spill_fsize, teardown),
         cmocka_unit_test_setup_teardown(test_key_limit, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_index_capacity, setup_small_index, teardown),
         cmocka_unit_test_setup_teardown(test_flood_tiny_blobs, setup_flood, teardown),
