@@ -503,77 +503,163 @@ static int cmd_notify(cli *c, int argc, char **argv, const char *cmd)
     return rc;
 }
 
+/* Keys a list page asks each unit for: the CLI reads every key, a page at
+ * a time, so no unit builds a reply of more than this. */
+#define LIST_PAGE 1000u
+
+/* One round of list pages: the units still being read (who[k] is the
+ * address index of outcome k) and their outcomes. */
+typedef struct list_round {
+    size_t m;
+    size_t *who;
+    storage_list_args *args;
+    storage_list_outcome *out;
+} list_round;
+
 static int cmd_list(cli *c, int argc, char **argv)
 {
     static const struct option opts[] = {{"prefix", required_argument, NULL, 'p'},
                                          {NULL, 0, NULL, 0}};
-    storage_list_args a;
-    int o, rc = 0, first_fail = 0;
-    storage_list_args_init(&a);
+    ctl_str prefix = {"", 0};
+    int o, first_fail = 0;
     optind = 0; /* glibc: 0 restarts getopt's scan from scratch */
     opterr = 0;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o != 'p')
             return bad_option("list", argv);
-        a.prefix = ctl_str_c(optarg);
+        prefix = ctl_str_c(optarg);
     }
     if (optind != argc)
         return usage_error("list: unexpected argument '%s'", argv[optind]);
-    size_t n = c->n_addresses;
-    storage_list_args *args = calloc(n, sizeof *args);
-    storage_list_outcome *out = calloc(n, sizeof *out);
-    if (!args || !out) {
-        free(args);
-        free(out);
-        return EXIT_LOCAL;
+    size_t n = c->n_addresses, nrounds = 0, cap = 0;
+    list_round *rounds = NULL;
+    ctl_str *after = calloc(n, sizeof *after);
+    bool *active = calloc(n, sizeof *active);
+    int rc = after && active ? 0 : EXIT_LOCAL;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        active[i] = true;
+    /* Page through every unit at once: each round asks the units not yet
+     * done for their next page (after the last key they sent), with one
+     * deadline per round. Replies are kept: their keys are printed last. */
+    for (size_t left = n; left > 0 && rc == 0;) {
+        if (nrounds == cap) {
+            list_round *more = realloc(rounds, (cap ? cap * 2 : 4) * sizeof *more);
+            if (!more) {
+                rc = EXIT_LOCAL;
+                break;
+            }
+            rounds = more;
+            cap = cap ? cap * 2 : 4;
+        }
+        list_round *r = &rounds[nrounds];
+        r->m = left;
+        r->who = calloc(left, sizeof *r->who);
+        r->args = calloc(left, sizeof *r->args);
+        r->out = calloc(left, sizeof *r->out);
+        const char **addrs = calloc(left, sizeof *addrs);
+        if (!r->who || !r->args || !r->out || !addrs) {
+            free(r->who);
+            free(r->args);
+            free(r->out);
+            free(addrs);
+            rc = EXIT_LOCAL;
+            break;
+        }
+        nrounds++;
+        for (size_t i = 0, k = 0; i < n; i++) {
+            if (!active[i])
+                continue;
+            r->who[k] = i;
+            addrs[k] = c->addresses[i];
+            r->args[k] = (storage_list_args)STORAGE_LIST_ARGS_INIT;
+            r->args[k].prefix = prefix;
+            r->args[k].after = after[i];
+            r->args[k].limit = LIST_PAGE;
+            k++;
+        }
+        storage_list_many(c->client, addrs, r->args, r->m, c->timeout_ms, r->out);
+        free(addrs);
+        for (size_t k = 0; k < r->m; k++) {
+            const storage_list_outcome *u = &r->out[k];
+            size_t i = r->who[k];
+            if (u->error.kind != CTL_OK || u->result.count < LIST_PAGE) {
+                active[i] = false; /* failed, or its last page */
+                left--;
+            } else {
+                after[i] = u->result.items[u->result.count - 1];
+            }
+        }
     }
-    for (size_t i = 0; i < n; i++)
-        args[i] = a;
-    storage_list_many(c->client, c->addresses, args, n, c->timeout_ms, out);
-    if (c->json)
+    if (c->json && rc == 0)
         printf("[");
-    for (size_t i = 0; i < n; i++) {
-        const storage_list_outcome *u = &out[i];
-        if (u->error.kind != CTL_OK && !first_fail)
-            first_fail = status_of(&u->error);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        /* This unit's pages, in order; an error ends them. */
+        const ctl_error *error = NULL;
+        size_t total = 0;
+        for (size_t r = 0; r < nrounds; r++)
+            for (size_t k = 0; k < rounds[r].m; k++)
+                if (rounds[r].who[k] == i) {
+                    if (rounds[r].out[k].error.kind != CTL_OK)
+                        error = &rounds[r].out[k].error;
+                    else
+                        total += rounds[r].out[k].result.count;
+                }
+        if (error && !first_fail)
+            first_fail = status_of(error);
         if (c->json) {
             printf("%s{\"address\": ", i ? ", " : "");
             json_cstr(stdout, c->addresses[i]);
-            if (u->error.kind != CTL_OK) {
-                printf(", \"error\": ");
-                json_error(stdout, &u->error);
-            } else {
-                printf(", \"keys\": [");
-                for (size_t k = 0; k < u->result.count; k++) {
-                    printf("%s", k ? ", " : "");
-                    json_str(stdout, u->result.items[k]);
-                }
-                printf("]");
-            }
-            printf("}");
-        } else if (n == 1 && u->error.kind == CTL_OK) {
-            for (size_t k = 0; k < u->result.count; k++)
-                printf("%.*s\n", (int)u->result.items[k].len, u->result.items[k].ptr);
-        } else if (u->error.kind != CTL_OK) {
-            if (n > 1)
-                printf("%-28s %s: %s\n", c->addresses[i], word_of(&u->error), u->error.msg);
-            else
-                fail(c, &u->error);
-        } else {
-            printf("%-28s %zu key%s:", c->addresses[i], u->result.count,
-                   u->result.count == 1 ? "" : "s");
-            for (size_t k = 0; k < u->result.count; k++)
-                printf(" %.*s", (int)u->result.items[k].len, u->result.items[k].ptr);
-            printf("\n");
         }
+        if (error) {
+            if (c->json) {
+                printf(", \"error\": ");
+                json_error(stdout, error);
+                printf("}");
+            } else if (n > 1) {
+                printf("%-28s %s: %s\n", c->addresses[i], word_of(error), error->msg);
+            } else {
+                fail(c, error);
+            }
+            continue;
+        }
+        if (c->json)
+            printf(", \"keys\": [");
+        else if (n > 1)
+            printf("%-28s %zu key%s:", c->addresses[i], total, total == 1 ? "" : "s");
+        size_t printed = 0;
+        for (size_t r = 0; r < nrounds; r++)
+            for (size_t k = 0; k < rounds[r].m; k++) {
+                if (rounds[r].who[k] != i)
+                    continue;
+                const storage_list_str *keys = &rounds[r].out[k].result;
+                for (size_t q = 0; q < keys->count; q++, printed++) {
+                    if (c->json) {
+                        printf("%s", printed ? ", " : "");
+                        json_str(stdout, keys->items[q]);
+                    } else if (n > 1) {
+                        printf(" %.*s", (int)keys->items[q].len, keys->items[q].ptr);
+                    } else {
+                        printf("%.*s\n", (int)keys->items[q].len, keys->items[q].ptr);
+                    }
+                }
+            }
+        if (c->json)
+            printf("]}");
+        else if (n > 1)
+            printf("\n");
     }
-    if (c->json)
+    if (c->json && rc == 0)
         printf("]\n");
-    storage_list_outcomes_fini(out, n);
-    free(out);
-    free(args);
-    rc = first_fail;
-    return rc;
+    for (size_t r = 0; r < nrounds; r++) {
+        storage_list_outcomes_fini(rounds[r].out, rounds[r].m);
+        free(rounds[r].out);
+        free(rounds[r].args);
+        free(rounds[r].who);
+    }
+    free(rounds);
+    free(after);
+    free(active);
+    return rc ? rc : first_fail;
 }
 
 static int cmd_stats(cli *c, int argc, char **argv)

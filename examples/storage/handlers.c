@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "handlers.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,19 +179,6 @@ static int on_delete(void *ctx, const storage_delete_args *a,
     return 0;
 }
 
-typedef struct key_list {
-    ctl_str *keys;
-    size_t n, cap;
-    int failed;
-} key_list;
-
-static void collect_key(store_blob *b, void *arg)
-{
-    key_list *l = arg;
-    if (l->n < l->cap)
-        l->keys[l->n++] = b->key;
-}
-
 /* Byte order, then length: the order of memcmp on keys, which is what a
  * peer in any language gets by sorting byte strings. */
 static int cmp_key(const void *x, const void *y)
@@ -202,19 +190,43 @@ static int cmp_key(const void *x, const void *y)
     return a->len < b->len ? -1 : a->len > b->len;
 }
 
+typedef struct key_list {
+    ctl_str *keys;
+    size_t n, cap;
+    ctl_str after; /* only keys that sort after this (none: empty) */
+} key_list;
+
+static void collect_key(store_blob *b, void *arg)
+{
+    key_list *l = arg;
+    if (l->n < l->cap && (l->after.len == 0 || cmp_key(&b->key, &l->after) > 0))
+        l->keys[l->n++] = b->key;
+}
+
+/* A page of keys: sorted, after `after`, at most `limit` (or the unit's
+ * page limit). Every matching key is gathered (the index bounds how many
+ * there are), but the reply carries at most one page. */
 static int on_list(void *ctx, const storage_list_args *a,
                    storage_list_str *result, ctl_req *req)
 {
     storage_unit *u = ctx;
     store_totals t;
+    uint32_t page = store_max_list(u->store);
     store_totals_get(u->store, &t);
-    key_list l = {ctl_req_alloc(req, (t.blobs ? t.blobs : 1) * sizeof(ctl_str)), 0, t.blobs, 0};
+    key_list l = {ctl_req_alloc(req, (t.blobs ? t.blobs : 1) * sizeof(ctl_str)), 0,
+                  t.blobs, a->after};
     if (!l.keys)
         return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
     store_each(u->store, a->prefix, collect_key, &l);
+    if (a->limit == 0 && l.n > page)
+        return ctl_req_fail(req, CTL_PROTOCOL,
+                            "%zu keys match, more than this unit lists at once "
+                            "(--max-list-keys %" PRIu32 "): page with 'after' and "
+                            "'limit'", l.n, page);
     qsort(l.keys, l.n, sizeof *l.keys, cmp_key);
+    size_t want = a->limit && a->limit < page ? a->limit : page;
     result->items = l.keys;
-    result->count = l.n;
+    result->count = l.n < want ? l.n : want;
     return 0;
 }
 

@@ -32,6 +32,7 @@ struct store {
     uint64_t capacity;
     uint64_t bytes; /* in memory */
     size_t max_key;
+    uint32_t max_list;
     uint64_t index_capacity;
     uint64_t index_bytes; /* keys and bookkeeping: the blobs' index_cost */
     uint64_t pinned;
@@ -66,7 +67,7 @@ int store_new(uint64_t capacity, const char *spill_dir, store **out,
     s->nbuckets = 64;
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
     s->capacity = capacity;
-    store_set_limits(s, 0, 0);
+    store_set_limits(s, 0, 0, 0);
     s->spill_fd = -1;
     if (!s->buckets) {
         free(s);
@@ -94,10 +95,17 @@ int store_new(uint64_t capacity, const char *spill_dir, store **out,
     return 0;
 }
 
-void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity)
+void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity,
+                      uint32_t max_list_keys)
 {
     s->max_key = max_key_bytes ? max_key_bytes : STORE_DEFAULT_MAX_KEY_BYTES;
     s->index_capacity = index_capacity ? index_capacity : STORE_DEFAULT_INDEX_CAPACITY;
+    s->max_list = max_list_keys ? max_list_keys : STORE_DEFAULT_MAX_LIST_KEYS;
+}
+
+uint32_t store_max_list(const store *s)
+{
+    return s->max_list;
 }
 
 static void spill_name(uint64_t id, char buf[40])

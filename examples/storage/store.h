@@ -59,6 +59,7 @@ typedef struct store_totals {
 /* Defaults of store_set_limits. */
 #define STORE_DEFAULT_MAX_KEY_BYTES 4096u
 #define STORE_DEFAULT_INDEX_CAPACITY ((uint64_t)64 << 20)
+#define STORE_DEFAULT_MAX_LIST_KEYS 100000u
 
 /* What a blob costs the index beside its key: its node in the table, its
  * bucket slots and the allocator's headers (an estimate on the high side). */
@@ -70,9 +71,14 @@ typedef struct store_totals {
 int store_new(uint64_t capacity, const char *spill_dir, store **out,
               ctl_error *err);
 
-/* Set the longest key a put accepts and the bytes that keys and
- * bookkeeping may take (0: the defaults above). */
-void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity);
+/* Set the longest key a put accepts, the bytes that keys and bookkeeping
+ * may take, and the most keys one list reply carries (0: the defaults
+ * above). */
+void store_set_limits(store *s, size_t max_key_bytes, uint64_t index_capacity,
+                      uint32_t max_list_keys);
+
+/* The most keys one list reply carries. */
+uint32_t store_max_list(const store *s);
 
 /* Free the store and remove its spill files. Accepts NULL. */
 void store_destroy(store **s);

@@ -3,7 +3,8 @@
  *
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
  *                    [--max-msg-bytes BYTES] [--max-key-bytes BYTES]
- *                    [--index-capacity BYTES] [--curve-secret FILE
+ *                    [--index-capacity BYTES] [--max-list-keys N]
+ *                    [--curve-secret FILE
  *                    [--curve-allow FILE]]
  *   ctl-storage-unit --gen-keys PREFIX
  *
@@ -31,6 +32,7 @@ static void usage(FILE *f)
             "usage: ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES]\n"
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
             "                        [--max-key-bytes BYTES] [--index-capacity BYTES]\n"
+            "                        [--max-list-keys N]\n"
             "                        [--curve-secret FILE [--curve-allow FILE]]\n"
             "       ctl-storage-unit --gen-keys PREFIX\n"
             "\n"
@@ -49,6 +51,8 @@ static void usage(FILE *f)
             "  --index-capacity N   bytes of keys and bookkeeping kept, beside the\n"
             "                       blobs' bytes (default 64M); a put that needs\n"
             "                       more is refused with UnitFull\n"
+            "  --max-list-keys N    most keys one list reply carries (default\n"
+            "                       100000); callers page with after/limit\n"
             "  --curve-secret FILE  encrypt with CURVE: the unit's secret key (the\n"
             "                       file must not be readable by others); only\n"
             "                       clients that know its public key get through\n"
@@ -68,6 +72,7 @@ int main(int argc, char **argv)
         {"max-msg-bytes", required_argument, NULL, 'm'},
         {"max-key-bytes", required_argument, NULL, 'K'},
         {"index-capacity", required_argument, NULL, 'I'},
+        {"max-list-keys", required_argument, NULL, 'L'},
         {"curve-secret", required_argument, NULL, 'k'},
         {"curve-allow", required_argument, NULL, 'A'},
         {"gen-keys", required_argument, NULL, 'g'},
@@ -77,6 +82,7 @@ int main(int argc, char **argv)
     const char *bind = NULL, *spill = NULL, *secret_file = NULL, *allow_file = NULL;
     uint64_t capacity = (uint64_t)1 << 30, max_msg = 0;
     uint64_t max_key = STORE_DEFAULT_MAX_KEY_BYTES, index_capacity = STORE_DEFAULT_INDEX_CAPACITY;
+    uint64_t max_list = STORE_DEFAULT_MAX_LIST_KEYS;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -112,6 +118,14 @@ int main(int argc, char **argv)
             if (store_parse_size(optarg, &index_capacity) != 0 || index_capacity == 0) {
                 fprintf(stderr, "ctl-storage-unit: --index-capacity '%s' is not "
                         "a positive size\n", optarg);
+                return 2;
+            }
+            break;
+        case 'L':
+            if (store_parse_size(optarg, &max_list) != 0 || max_list == 0 ||
+                max_list > UINT32_MAX) {
+                fprintf(stderr, "ctl-storage-unit: --max-list-keys '%s' is not "
+                        "a count from 1 to 4294967295\n", optarg);
                 return 2;
             }
             break;
@@ -186,7 +200,7 @@ int main(int argc, char **argv)
         free(allow);
         return 1;
     }
-    store_set_limits(u.store, (size_t)max_key, index_capacity);
+    store_set_limits(u.store, (size_t)max_key, index_capacity, (uint32_t)max_list);
     storage_handlers h;
     storage_unit_handlers(&u, &h);
     ctl_server_options so;

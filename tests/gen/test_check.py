@@ -49,7 +49,8 @@ class Storage(unittest.TestCase):
             "unpin": (("keys: list<str>",), None, (), True),
             "abort": (("keys: list<str>",), None, (), True),
             "delete": (("keys: list<str>",), "u64", ("Busy",), False),
-            "list": (('prefix: str = ""',), "list<str>", (), False),
+            "list": (('prefix: str = ""', 'after: str = ""', "limit: u32 = 0"), "list<str>",
+                     (), False),
             "stats": ((), "UnitStats", (), False),
         })
 

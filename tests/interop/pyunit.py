@@ -38,7 +38,7 @@ OPS = {
     "unpin": ({"keys": ("list<str>", REQUIRED)}, True),
     "abort": ({"keys": ("list<str>", REQUIRED)}, True),
     "delete": ({"keys": ("list<str>", REQUIRED)}, False),
-    "list": ({"prefix": ("str", "")}, False),
+    "list": ({"prefix": ("str", ""), "after": ("str", ""), "limit": ("u32", 0)}, False),
     "stats": ({}, False),
 }
 
@@ -64,6 +64,8 @@ def type_ok(kind, v):
         return isinstance(v, bool)
     if kind == "list<str>":
         return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if kind == "u32":
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32
     raise AssertionError(kind)
 
 
@@ -221,8 +223,9 @@ class Store:
                 n += 1
         return n
 
-    def list(self, prefix):
-        return sorted(k for k in self.blobs if k.startswith(prefix))
+    def list(self, prefix, after, limit):
+        keys = sorted(k for k in self.blobs if k.startswith(prefix) and (not after or k > after))
+        return keys[:limit] if limit else keys
 
     def stats(self):
         return {"blobs": len(self.blobs), "bytes": self.bytes,

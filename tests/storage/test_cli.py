@@ -351,6 +351,39 @@ class TestCommands(CliCase):
         self.assertEqual(self.run_ok(u, "--json", "delete", "b").json(), {"deleted": 1})
         self.assertEqual(self.run_ok(u, "delete", "b").text, "deleted 0 blobs\n")
 
+    def put_raw(self, u, keys):
+        """Put empty blobs under `keys` straight over the wire, pipelined (a
+        CLI process per key would take minutes)."""
+        import msgpack
+        import zmq
+        ctx = zmq.Context()
+        try:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(u.address)
+            for i, k in enumerate(keys):
+                s.send(msgpack.packb(["put", "%012x" % i, {"key": k, "data": b""}],
+                                     use_bin_type=True))
+            for _ in keys:
+                self.assertTrue(s.poll(10000), "no reply to a put")
+                reply = msgpack.unpackb(s.recv(), raw=False)
+                self.assertTrue(reply[1], reply)
+            s.close()
+        finally:
+            ctx.term()
+
+    def test_list_pages_through(self):
+        # More keys than one page (1000): the CLI asks again after the last
+        # key it got until a page comes back short, and prints them all.
+        u = self.u
+        keys = ["k%05d" % i for i in range(2500)] + ["other"]
+        self.put_raw(u, keys)
+        self.assertEqual(self.run_ok(u, "list", "--prefix", "k").text.splitlines(), keys[:-1])
+        got = self.run_ok(u, "--json", "list").json()
+        self.assertEqual(got, [{"address": u.address, "keys": sorted(keys)}])
+        # Exactly a page's worth: the last page is empty.
+        self.assertEqual(len(self.run_ok(u, "list", "--prefix", "k01").text.splitlines()), 1000)
+
     def test_list(self):
         u = self.u
         for k in ("b/2", "a", "b/10", "ab", "b", "b/1", "c"):

@@ -112,6 +112,7 @@ static int unit_start(fx *f, const char *capacity, bool spill, const char *bind)
         const char *argv[] = {UNIT_BIN, "--bind", bind ? bind : "tcp://127.0.0.1:0",
                               "--capacity", capacity, "--max-key-bytes", "16K",
                               "--index-capacity", f->index ? f->index : "64M",
+                              "--max-list-keys", "20",
                               spill ? "--spill-dir" : NULL, f->spill, NULL};
         execv(UNIT_BIN, (char *const *)argv);
         _exit(127);
@@ -1308,6 +1309,58 @@ static void test_flood_long_keys(void **state)
     flood_until_full(f, 16 * 1024, (uint64_t)8 << 20);
 }
 
+/* list a page at a time: sorted, after `after`, at most `limit`; without a
+ * limit, more keys than the unit's page limit (20 in these tests) is a
+ * Protocol error saying how to page. */
+static void test_list_paging(void **state)
+{
+    fx *f = *state;
+    char names[25][8];
+    for (int i = 0; i < 25; i++) {
+        snprintf(names[i], sizeof names[i], "p%02d", 24 - i); /* put out of order */
+        put_ok(f, ctl_str_c(names[i]), S("v"), false);
+    }
+    put_ok(f, S("q"), S("v"), false);
+    storage_list_args a = STORAGE_LIST_ARGS_INIT;
+    storage_list_str got;
+    ctl_reply *reply = NULL;
+    a.prefix = S("p");
+    a.limit = 10;
+    char want[32];
+    size_t seen = 0;
+    for (int page = 0; page < 4; page++) {
+        assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply,
+                                      &f->err), 0);
+        assert_int_equal(got.count, page < 2 ? 10 : page == 2 ? 5 : 0);
+        for (size_t k = 0; k < got.count; k++, seen++) {
+            snprintf(want, sizeof want, "p%02zu", seen);
+            assert_int_equal(got.items[k].len, 3);
+            assert_memory_equal(got.items[k].ptr, want, 3);
+        }
+        snprintf(want, sizeof want, "p%02zu", seen ? seen - 1 : 0);
+        a.after = ctl_str_c(want); /* the last key received (a copy) */
+        ctl_reply_destroy(&reply);
+    }
+    assert_int_equal(seen, 25);
+    /* A limit above the unit's page limit gets a full page of 20. */
+    a.after = S("");
+    a.limit = 1000;
+    assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err), 0);
+    assert_int_equal(got.count, 20);
+    ctl_reply_destroy(&reply);
+    /* No limit and more than 20 match: refused, saying how to page. */
+    a.limit = 0;
+    assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err),
+                     CTL_TRANSFER);
+    assert_non_null(strstr(f->err.msg, "25 keys match, more than this unit lists at once "
+                                       "(--max-list-keys 20): page with 'after' and 'limit'"));
+    /* ... and fewer are all listed, as an old caller expects. */
+    a.prefix = S("p2");
+    assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err), 0);
+    assert_int_equal(got.count, 5);
+    ctl_reply_destroy(&reply);
+}
+
 /* A key longer than --max-key-bytes is refused, naming the limit; one at
  * the limit is stored. */
 static void test_key_limit(void **state)
@@ -1645,6 +1698,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_hostile_keys, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_spill_write_fails, setup_spill_fsize, teardown),
         cmocka_unit_test_setup_teardown(test_key_limit, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_list_paging, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_index_capacity, setup_small_index, teardown),
         cmocka_unit_test_setup_teardown(test_flood_tiny_blobs, setup_flood, teardown),
         cmocka_unit_test_setup_teardown(test_flood_long_keys, setup_flood, teardown),
