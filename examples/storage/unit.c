@@ -4,6 +4,7 @@
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
  *                    [--max-msg-bytes BYTES] [--max-key-bytes BYTES]
  *                    [--index-capacity BYTES] [--max-list-keys N]
+ *                    [--drain-timeout MS]
  *                    [--curve-secret FILE
  *                    [--curve-allow FILE]]
  *   ctl-storage-unit --gen-keys PREFIX
@@ -15,6 +16,8 @@
  * it: options, keys, signals.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,7 +35,7 @@ static void usage(FILE *f)
             "usage: ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES]\n"
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
             "                        [--max-key-bytes BYTES] [--index-capacity BYTES]\n"
-            "                        [--max-list-keys N]\n"
+            "                        [--max-list-keys N] [--drain-timeout MS]\n"
             "                        [--curve-secret FILE [--curve-allow FILE]]\n"
             "       ctl-storage-unit --gen-keys PREFIX\n"
             "\n"
@@ -53,6 +56,9 @@ static void usage(FILE *f)
             "                       more is refused with UnitFull\n"
             "  --max-list-keys N    most keys one list reply carries (default\n"
             "                       100000); callers page with after/limit\n"
+            "  --drain-timeout MS   on SIGINT/SIGTERM, keep answering the requests\n"
+            "                       that have arrived for at most this long\n"
+            "                       (default 5000), then exit\n"
             "  --curve-secret FILE  encrypt with CURVE: the unit's secret key (the\n"
             "                       file must not be readable by others); only\n"
             "                       clients that know its public key get through\n"
@@ -73,6 +79,7 @@ int main(int argc, char **argv)
         {"max-key-bytes", required_argument, NULL, 'K'},
         {"index-capacity", required_argument, NULL, 'I'},
         {"max-list-keys", required_argument, NULL, 'L'},
+        {"drain-timeout", required_argument, NULL, 'D'},
         {"curve-secret", required_argument, NULL, 'k'},
         {"curve-allow", required_argument, NULL, 'A'},
         {"gen-keys", required_argument, NULL, 'g'},
@@ -82,7 +89,7 @@ int main(int argc, char **argv)
     const char *bind = NULL, *spill = NULL, *secret_file = NULL, *allow_file = NULL;
     uint64_t capacity = (uint64_t)1 << 30, max_msg = 0;
     uint64_t max_key = STORE_DEFAULT_MAX_KEY_BYTES, index_capacity = STORE_DEFAULT_INDEX_CAPACITY;
-    uint64_t max_list = STORE_DEFAULT_MAX_LIST_KEYS;
+    uint64_t max_list = STORE_DEFAULT_MAX_LIST_KEYS, drain_ms = 5000;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -129,6 +136,18 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'D': {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (!isdigit((unsigned char)*optarg) || errno || *end || v > INT_MAX) {
+                fprintf(stderr, "ctl-storage-unit: --drain-timeout '%s' is not a "
+                        "number of milliseconds\n", optarg);
+                return 2;
+            }
+            drain_ms = v;
+            break;
+        }
         case 'k':
             secret_file = optarg;
             break;
@@ -233,6 +252,12 @@ int main(int argc, char **argv)
     while (sigwait(&stop, &sig) != 0)
         ;
     fprintf(stderr, "ctl-storage-unit: %s, shutting down\n", strsignal(sig));
+    /* Answer what has arrived (bounded by --drain-timeout), then stop. */
+    ctl_server_drain(u.server, (int)drain_ms);
+    ctl_server_stats ss;
+    ctl_server_stats_get(u.server, &ss);
+    fprintf(stderr, "ctl-storage-unit: stopped after %" PRIu64 " requests, %" PRIu64
+            " replies\n", ss.requests, ss.replies);
     ctl_server_destroy(&u.server);
     store_destroy(&u.store);
     ctl_error_fini(&err);

@@ -185,6 +185,17 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         return dropped(d);
     atomic_fetch_add_explicit(&d->counters.requests, 1, memory_order_relaxed);
     const ctl_op *op = find_op(d, rq.op);
+    if (d->draining) {
+        ctl_error err;
+        if (op && (op->flags & CTL_OP_NOREPLY))
+            return CTL_DISPATCH_SILENT;
+        ctl_error_init(&err);
+        ctl_error_busy(&err, "draining", "unit is shutting down: retry at another unit "
+                       "or later");
+        pack_error(d, rq.id, &err);
+        ctl_error_fini(&err);
+        return verdict(d);
+    }
     if (!op)
         return refuse(d, rq.id, "unknown op '%s' (service %s)",
                       ctl_show(shown, sizeof shown, rq.op), d->service->name);

@@ -81,6 +81,9 @@ typedef struct ctl_dispatch {
     msgpack_zone zone;
     msgpack_sbuffer out; /* the reply payload after CTL_DISPATCH_REPLY */
     ctl_dispatch_counters counters;
+    /* Shutting down: every request is answered Busy "draining" (notifies
+     * are dropped) instead of being served. Set by the serving thread. */
+    bool draining;
 } ctl_dispatch;
 
 /* The context of one request while its handler runs. */

@@ -34,11 +34,16 @@
 #include "curve_int.h"
 #include "dispatch_int.h"
 #include "transport_int.h"
+#include "util_int.h"
 
 /* Replies at least this large go to ZeroMQ without a copy. */
 #define ZERO_COPY_MIN ((size_t)32 * 1024)
 /* Messages handled per wake-up before the close pipe is looked at again. */
 #define BATCH 256
+/* How often a blocked serving thread looks at the drain flag, and how long
+ * a draining one waits for more requests before it stops. */
+#define DRAIN_CHECK_MS 100
+#define DRAIN_QUIET_MS 50
 
 struct ctl_server {
     ctl_dispatch core;
@@ -52,6 +57,8 @@ struct ctl_server {
     int closed;
     int blocking; /* serve_blocking: close() shuts the context down */
     atomic_int stopping; /* set by close before it wakes the thread */
+    atomic_int draining; /* set by drain before it wakes the thread */
+    _Atomic int64_t drain_deadline_ms;
     char endpoint[CTL_ENDPOINT_MAX];
     _Atomic uint64_t auth_denied; /* counted by the ZAP handler */
 };
@@ -149,10 +156,19 @@ static int serve_one(ctl_server *s, int flags)
  * request costs fewer system calls than zmq_poll plus a non-blocking
  * receive, which shows in every round trip's latency.
  */
+static void drain(ctl_server *s);
+
 static void *serve_blocking(void *arg)
 {
     ctl_server *s = arg;
     while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
+        /* The receive gives up every DRAIN_CHECK_MS (ZMQ_RCVTIMEO), so a
+         * drain is seen without a wake-up call; a request arriving is
+         * served at once. */
+        if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
+            drain(s);
+            break;
+        }
         if (serve_one(s, 0) != 0 && zmq_errno() == ETERM)
             break;
     }
@@ -180,8 +196,12 @@ static void *serve(void *arg)
                 continue;
             break; /* ETERM or a broken socket: nothing left to serve */
         }
-        if (items[1].revents)
+        if (items[1].revents) {
+            if (!atomic_load_explicit(&s->stopping, memory_order_acquire) &&
+                atomic_load_explicit(&s->draining, memory_order_acquire))
+                drain(s);
             break;
+        }
         if (nitems == 3 && items[2].revents)
             ctl_zap_serve(s->zap);
         /* Requests still queued when close is called are not served:
@@ -194,6 +214,35 @@ static void *serve(void *arg)
             break;
     }
     return NULL;
+}
+
+/*
+ * Answer what has arrived, and what arrives while that goes on, with Busy
+ * "draining" (the core refuses to serve it), until the socket has been
+ * quiet for DRAIN_QUIET_MS or the drain's deadline passes; then let the
+ * last replies leave, waiting at most the time left. So no caller waits
+ * out its deadline on a unit that is going away.
+ */
+static void drain(ctl_server *s)
+{
+    int64_t deadline = atomic_load_explicit(&s->drain_deadline_ms, memory_order_acquire);
+    zmq_pollitem_t item = {s->router, 0, ZMQ_POLLIN, 0};
+    s->core.draining = true;
+    for (;;) {
+        while (!atomic_load_explicit(&s->stopping, memory_order_acquire) &&
+               ctl_ms_left(deadline) > 0 && serve_one(s, ZMQ_DONTWAIT) == 0)
+            ;
+        int left = ctl_ms_left(deadline);
+        if (left <= 0 || atomic_load_explicit(&s->stopping, memory_order_acquire))
+            break;
+        int rc = zmq_poll(&item, 1, left < DRAIN_QUIET_MS ? left : DRAIN_QUIET_MS);
+        if (rc < 0 && zmq_errno() == EINTR)
+            continue;
+        if (rc <= 0)
+            break; /* quiet: every request that came has its reply */
+    }
+    int linger = ctl_ms_left(deadline);
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
 }
 
 /* ---- lifecycle ------------------------------------------------------ */
@@ -336,6 +385,10 @@ int ctl_server_new(const ctl_service *service, void *user,
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     s->blocking = s->own_ctx && !s->zap;
+    if (s->blocking) {
+        int check = DRAIN_CHECK_MS;
+        zmq_setsockopt(s->router, ZMQ_RCVTIMEO, &check, sizeof check);
+    }
     rc = pthread_create(&s->thread, NULL, s->blocking ? serve_blocking : serve, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
@@ -393,6 +446,27 @@ void ctl_server_close(ctl_server *server)
         server->router = NULL;
     }
     ctl_zap_destroy(&server->zap);
+}
+
+void ctl_server_drain(ctl_server *server, int timeout_ms)
+{
+    if (!server || server->closed)
+        return;
+    if (server->started) {
+        ssize_t w;
+        atomic_store_explicit(&server->drain_deadline_ms,
+                              ctl_now_ms() + (timeout_ms > 0 ? timeout_ms : 0),
+                              memory_order_release);
+        atomic_store_explicit(&server->draining, 1, memory_order_release);
+        if (!server->blocking) {
+            do
+                w = write(server->wake[1], "x", 1);
+            while (w < 0 && errno == EINTR);
+        }
+        pthread_join(server->thread, NULL);
+        server->started = 0;
+    }
+    ctl_server_close(server);
 }
 
 void ctl_server_destroy(ctl_server **server)

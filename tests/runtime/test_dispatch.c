@@ -665,6 +665,27 @@ static void test_notify_never_answered(void **state)
     assert_int_equal(counter(&f->d.counters.dropped), 0);
 }
 
+/* A draining core serves nothing: every request (a known op, an unknown
+ * one) is answered Busy "draining", notifies are dropped, handlers never
+ * run. */
+static void test_draining_answers_busy(void **state)
+{
+    fx *f = *state;
+    f->d.draining = true;
+    static const char *const ops[] = {"echo", "no_such_op"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(call(f, ops[i]), CTL_DISPATCH_REPLY);
+        want_error(f, LIT(ID), "Busy", "unit is shutting down: retry at another unit or later",
+                   "draining", NULL, 0);
+        expect_out(f);
+    }
+    pack_req(f, "note", LIT(ID));
+    assert_int_equal(serve(f), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->d.out.size, 0);
+    assert_int_equal(f->st.notes, 0);
+    assert_int_equal(counter(&f->d.counters.requests), 3);
+}
+
 /* ---- handler failures -------------------------------------------------- */
 
 static void test_bare_failure_is_generic_protocol(void **state)
@@ -963,6 +984,7 @@ int main(void)
         T(test_bad_args_refused),
         T(test_limits_applied),
         T(test_notify_never_answered),
+        T(test_draining_answers_busy),
         T(test_bare_failure_is_generic_protocol),
         T(test_partial_result_discarded),
         T(test_fail_error_kinds),

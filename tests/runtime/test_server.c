@@ -689,6 +689,24 @@ static void test_close_twice_and_destroy_null(void **state)
     ctl_server_close(NULL);
 }
 
+/* An idle server drains at once (it waits only for a short quiet
+ * period); drain after close, twice, or on NULL does nothing. */
+static void test_drain_idle(void **state)
+{
+    fx *f = *state;
+    send_req(f, "echo", "x", 1);
+    recv_reply(f);
+    int64_t t0 = tu_now_ms();
+    ctl_server_drain(f->unit.server, 5000);
+    assert_true(tu_now_ms() - t0 < 1000);
+    ctl_server_drain(f->unit.server, 5000);
+    ctl_server_close(f->unit.server);
+    ctl_server_drain(NULL, 100);
+    ctl_server_stats st;
+    ctl_server_stats_get(f->unit.server, &st);
+    assert_int_equal(st.replies, 1);
+}
+
 static void test_destroy_without_close(void **state)
 {
     fx *f = *state;
@@ -922,6 +940,7 @@ int main(void)
         T(test_depth_limit_answered),
         T(test_close_idle_is_prompt),
         T(test_close_twice_and_destroy_null),
+        T(test_drain_idle),
         T(test_destroy_without_close),
         T(test_close_while_call_in_flight),
         T(test_stats_count_sends),

@@ -112,7 +112,7 @@ static int unit_start(fx *f, const char *capacity, bool spill, const char *bind)
         const char *argv[] = {UNIT_BIN, "--bind", bind ? bind : "tcp://127.0.0.1:0",
                               "--capacity", capacity, "--max-key-bytes", "16K",
                               "--index-capacity", f->index ? f->index : "64M",
-                              "--max-list-keys", "20",
+                              "--max-list-keys", "20", "--drain-timeout", "1000",
                               spill ? "--spill-dir" : NULL, f->spill, NULL};
         execv(UNIT_BIN, (char *const *)argv);
         _exit(127);
@@ -1561,6 +1561,75 @@ static void test_sigterm_clean_shutdown(void **state)
     assert_int_equal(count_entries(f->spill, true), 0);
 }
 
+/* One of the callers of the drain test: puts until a call fails, noting
+ * when its last reply came. */
+typedef struct drain_caller {
+    const fx *f;
+    int id;
+    size_t ok;
+    int rc;
+    ctl_cause cause;
+    char reason[32];
+} drain_caller;
+
+static void *put_until_refused(void *arg)
+{
+    drain_caller *c = arg;
+    ctl_error err;
+    ctl_error_init(&err);
+    for (size_t i = 0; i < 1000000; i++) {
+        char key[32];
+        int n = snprintf(key, sizeof key, "c%d-%zu", c->id, i % 64);
+        storage_put_args a = STORAGE_PUT_ARGS_INIT;
+        a.key = (ctl_str){key, (size_t)n};
+        a.data = S("v");
+        c->rc = storage_put(c->f->client, c->f->endpoint, &a, 3000, NULL, &err);
+        if (c->rc != 0) {
+            c->cause = err.cause;
+            snprintf(c->reason, sizeof c->reason, "%s", err.reason ? err.reason : "");
+            break;
+        }
+        c->ok++;
+    }
+    ctl_error_fini(&err);
+    return NULL;
+}
+
+/* SIGTERM under the load of 32 calling threads: the unit drains. The
+ * request of every caller gets an answer, its reply or Busy "draining"
+ * (so each caller stops at a Busy it can act on, and none waits out its
+ * deadline), and the unit exits 0 once they have stopped, well within its
+ * drain timeout (1 s here). */
+static void test_sigterm_drains_under_load(void **state)
+{
+    enum { CALLERS = 32 };
+    fx *f = *state;
+    drain_caller c[CALLERS];
+    pthread_t t[CALLERS];
+    for (int i = 0; i < CALLERS; i++) {
+        c[i] = (drain_caller){.f = f, .id = i};
+        assert_int_equal(pthread_create(&t[i], NULL, put_until_refused, &c[i]), 0);
+    }
+    tu_sleep_ms(500);
+    int64_t t_term = tu_now_ms();
+    assert_int_equal(kill(f->pid, SIGTERM), 0);
+    int status = unit_reap(f, STOP_MS);
+    int64_t took = tu_now_ms() - t_term;
+    assert_true(status >= 0 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(took < 1000 + 3000);
+    size_t ok = 0;
+    for (int i = 0; i < CALLERS; i++) {
+        pthread_join(t[i], NULL);
+        ok += c[i].ok;
+        if (c[i].rc != CTL_BUSY || strcmp(c[i].reason, "draining") != 0)
+            fail_msg("caller %d: its last call ended with kind %d cause %d reason '%s', "
+                     "not Busy \"draining\"", i, c[i].rc, (int)c[i].cause, c[i].reason);
+    }
+    print_message("drain: %zu puts answered; unit exited %" PRId64 " ms after SIGTERM\n",
+                  ok, took);
+}
+
 /* A unit frozen (SIGSTOP) does not answer: the call ends at its deadline
  * with a timeout, and the same client works once the unit runs again. */
 static void test_timeout_frozen_unit(void **state)
@@ -1704,6 +1773,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flood_long_keys, setup_flood, teardown),
         cmocka_unit_test_setup_teardown(test_spill_dir_reused_after_kill, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_clean_shutdown, setup_spill, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_drains_under_load, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_frozen_unit, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_sigkill_mid_call, setup_big, teardown),
     };

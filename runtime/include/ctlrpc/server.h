@@ -151,6 +151,21 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
  */
 void ctl_server_close(ctl_server *server);
 
+/*
+ * Stop gracefully. The handler running, if any, finishes and its reply is
+ * sent; every request that has reached the unit since (queued in its
+ * socket), and any that arrives while the drain goes on, is answered with
+ * Busy, reason "draining" (notifies are dropped), until no request has
+ * come for a short quiet period (50 ms) or `timeout_ms` has passed. Then
+ * the last replies are sent (waiting at most the time left) and the server
+ * closes as ctl_server_close does; requests sent after that are not
+ * accepted. So a caller sees its reply or a Busy "draining" it can act on,
+ * rather than waiting out its deadline. Blocking: at most about
+ * `timeout_ms` plus the running handler. Does nothing after close; accepts
+ * NULL.
+ */
+void ctl_server_drain(ctl_server *server, int timeout_ms);
+
 /* Close (if not yet closed) and free the server; sets *server to NULL.
  * Accepts NULL and a pointer to NULL. */
 void ctl_server_destroy(ctl_server **server);
