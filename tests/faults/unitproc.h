@@ -50,4 +50,18 @@ int up_count_fds(pid_t pid);
 /* Resident memory of `pid` (0: this process) in KiB. 0 on failure. */
 size_t up_rss_kib(pid_t pid);
 
+/* 1 in a build under AddressSanitizer or ThreadSanitizer, whose own memory
+ * (shadow, quarantine, history) makes a process's RSS say little about
+ * the program's: tests report RSS there but do not judge it. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UP_SANITIZED 1
+#endif
+#endif
+#ifndef UP_SANITIZED
+#define UP_SANITIZED 0
+#endif
+
 #endif /* CTLRPC_UNITPROC_H */

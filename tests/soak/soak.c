@@ -63,19 +63,6 @@
 #include "storage.ctl.h"
 #include "unitproc.h"
 
-/* Under a sanitizer the process's memory is the sanitizer's too (shadow
- * memory, quarantines, TSan's history): its growth is not judged there. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SOAK_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SOAK_SANITIZED 1
-#endif
-#endif
-#ifndef SOAK_SANITIZED
-#define SOAK_SANITIZED 0
-#endif
-
 #define MAX_UNITS 16
 #define MAX_CLIENTS 64
 #define SLOTS 16          /* keys per thread per unit */
@@ -791,13 +778,13 @@ static int judge_samples(void)
         int bound = f_first + 8 + (p == 0 ? cfg.clients * (CTX_FDS + 2 * cfg.units * per_pair)
                                           : cfg.clients * per_pair);
         bool fds_ok = f_end <= f_warm + FD_SLACK || f_end <= bound;
-        bool rss_ok = SOAK_SANITIZED || r_end <= r_warm + r_warm / 10 + 16 * 1024;
+        bool rss_ok = UP_SANITIZED || r_end <= r_warm + r_warm / 10 + 16 * 1024;
         printf("%-8s fds: start %d, after warm-up %d..%d (bound %d), max 2nd "
                "quarter %d, max last quarter %d %s| RSS KiB: start %zu, max 2nd "
                "quarter %zu, max last quarter %zu %s\n",
                p == 0 ? "client" : "unit", f_first, fds_min, fds_max, bound, f_warm, f_end,
                fds_ok ? "" : "(GREW) ", r_first, r_warm, r_end,
-               SOAK_SANITIZED ? "(sanitizer: not judged)" : rss_ok ? "" : "(GREW)");
+               UP_SANITIZED ? "(sanitizer: not judged)" : rss_ok ? "" : "(GREW)");
         failures += !fds_ok + !rss_ok;
     }
     return failures;

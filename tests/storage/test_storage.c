@@ -48,6 +48,7 @@
 
 #include "storage.ctl.h"
 #include "testutil.h"
+#include "unitproc.h"
 
 #ifndef UNIT_BIN
 #error "UNIT_BIN (the path of ctl-storage-unit) must be defined"
@@ -1163,36 +1164,6 @@ static void test_spill_file_lost(void **state)
 
 /* ---- memory bounds under a flood ----------------------------------- */
 
-/* Under a sanitizer the unit's RSS is mostly the sanitizer's (shadow
- * memory, quarantine): the bounds are still checked through stats, the
- * RSS only without one. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
-/* The resident memory of process `pid` in bytes (0 when unreadable). */
-static uint64_t rss_of(pid_t pid)
-{
-    char path[64], line[256];
-    uint64_t kib = 0;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *fp = fopen(path, "r");
-    if (!fp)
-        return 0;
-    while (fgets(line, sizeof line, fp))
-        if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kib) == 1)
-            break;
-    fclose(fp);
-    return kib * 1024;
-}
-
 /* One client thread of a flood: puts empty blobs under distinct keys of
  * `key_len` bytes until a put fails or `max_puts` have been stored. */
 typedef struct flooder {
@@ -1245,7 +1216,7 @@ static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
     ctl_reply *reply = NULL;
     assert_int_equal(storage_stats(f->client, f->endpoint, CALL_MS, &st, &reply, &f->err), 0);
     ctl_reply_destroy(&reply);
-    uint64_t rss_before = rss_of(f->pid);
+    uint64_t rss_before = (uint64_t)up_rss_kib(f->pid) * 1024;
     /* Each blob costs its key and at least its bookkeeping: no more than
      * this many can fit, and a unit that did not count keys would take
      * them all. */
@@ -1272,11 +1243,11 @@ static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
     /* Full: not even one more key fits. */
     assert_true(st.index_bytes + key_len + 160 > index_capacity);
     assert_true(st.index_bytes >= stored * (key_len + 160));
-    uint64_t rss_after = rss_of(f->pid);
+    uint64_t rss_after = (uint64_t)up_rss_kib(f->pid) * 1024;
     print_message("flood: %zu blobs under %zu-byte keys, index %" PRIu64 " of %" PRIu64
                   " bytes; unit RSS %" PRIu64 " -> %" PRIu64 " bytes\n", stored, key_len,
                   st.index_bytes, index_capacity, rss_before, rss_after);
-    if (!SANITIZED && rss_before && rss_after) {
+    if (!UP_SANITIZED && rss_before && rss_after) {
         uint64_t slack = (uint64_t)16 << 20;
         if (rss_after > rss_before + st.capacity + index_capacity + slack)
             fail_msg("unit RSS grew from %" PRIu64 " to %" PRIu64 " bytes: more than "
