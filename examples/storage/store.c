@@ -142,7 +142,6 @@ void store_destroy(store **sp)
         while (n) {
             node *next = n->next;
             drop_data(s, &n->blob);
-            s->index_bytes -= n->blob.index_cost;
             free((char *)n->blob.key.ptr);
             free(n);
             n = next;

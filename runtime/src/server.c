@@ -425,6 +425,18 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out)
         atomic_load_explicit(&server->auth_denied, memory_order_relaxed);
 }
 
+/* Wake the serving thread through the close pipe (a blocked receive sees
+ * the stop or drain flag by itself) and wait for it to end. */
+static void join_thread(ctl_server *s)
+{
+    ssize_t w;
+    do
+        w = write(s->wake[1], "x", 1);
+    while (w < 0 && errno == EINTR);
+    pthread_join(s->thread, NULL);
+    s->started = 0;
+}
+
 void ctl_server_close(ctl_server *server)
 {
     if (!server || server->closed)
@@ -432,14 +444,9 @@ void ctl_server_close(ctl_server *server)
     server->closed = 1;
     atomic_store_explicit(&server->stopping, 1, memory_order_release);
     if (server->started) {
-        ssize_t w;
         if (server->blocking)
-            zmq_ctx_shutdown(server->ctx);
-        do
-            w = write(server->wake[1], "x", 1);
-        while (w < 0 && errno == EINTR);
-        pthread_join(server->thread, NULL);
-        server->started = 0;
+            zmq_ctx_shutdown(server->ctx); /* ends its receive at once */
+        join_thread(server);
     }
     if (server->router) {
         zmq_close(server->router);
@@ -453,18 +460,11 @@ void ctl_server_drain(ctl_server *server, int timeout_ms)
     if (!server || server->closed)
         return;
     if (server->started) {
-        ssize_t w;
         atomic_store_explicit(&server->drain_deadline_ms,
                               ctl_now_ms() + (timeout_ms > 0 ? timeout_ms : 0),
                               memory_order_release);
         atomic_store_explicit(&server->draining, 1, memory_order_release);
-        if (!server->blocking) {
-            do
-                w = write(server->wake[1], "x", 1);
-            while (w < 0 && errno == EINTR);
-        }
-        pthread_join(server->thread, NULL);
-        server->started = 0;
+        join_thread(server); /* it drains, then ends */
     }
     ctl_server_close(server);
 }
