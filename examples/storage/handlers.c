@@ -190,43 +190,87 @@ static int cmp_key(const void *x, const void *y)
     return a->len < b->len ? -1 : a->len > b->len;
 }
 
-typedef struct key_list {
-    ctl_str *keys;
+/* The first `cap` keys (in key order) after `after`: a max-heap of at most
+ * `cap` keys, so a page costs O(matches * log(page)) time and one page of
+ * memory however many keys the unit holds. `matches` counts every key that
+ * passed the prefix and `after`, for the "more than a page" check. */
+typedef struct key_page {
+    ctl_str *heap; /* heap[0] is the greatest key kept */
     size_t n, cap;
+    uint64_t matches;
     ctl_str after; /* only keys that sort after this (none: empty) */
-} key_list;
+} key_page;
+
+static void heap_sift_down(ctl_str *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t big = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && cmp_key(&h[l], &h[big]) > 0)
+            big = l;
+        if (r < n && cmp_key(&h[r], &h[big]) > 0)
+            big = r;
+        if (big == i)
+            return;
+        ctl_str t = h[i];
+        h[i] = h[big];
+        h[big] = t;
+        i = big;
+    }
+}
 
 static void collect_key(store_blob *b, void *arg)
 {
-    key_list *l = arg;
-    if (l->n < l->cap && (l->after.len == 0 || cmp_key(&b->key, &l->after) > 0))
-        l->keys[l->n++] = b->key;
+    key_page *p = arg;
+    if (p->after.len != 0 && cmp_key(&b->key, &p->after) <= 0)
+        return;
+    p->matches++;
+    if (p->n < p->cap) {
+        size_t i = p->n++;
+        p->heap[i] = b->key;
+        while (i > 0 && cmp_key(&p->heap[(i - 1) / 2], &p->heap[i]) < 0) {
+            ctl_str t = p->heap[i];
+            p->heap[i] = p->heap[(i - 1) / 2];
+            p->heap[(i - 1) / 2] = t;
+            i = (i - 1) / 2;
+        }
+    } else if (p->cap && cmp_key(&b->key, &p->heap[0]) < 0) {
+        p->heap[0] = b->key;
+        heap_sift_down(p->heap, p->n, 0);
+    }
 }
 
 /* A page of keys: sorted, after `after`, at most `limit` (or the unit's
- * page limit). Every matching key is gathered (the index bounds how many
- * there are), but the reply carries at most one page. */
+ * page limit, --max-list-keys). One pass over the index keeps the page's
+ * keys in a heap; nothing is gathered beyond one page. */
 static int on_list(void *ctx, const storage_list_args *a,
                    storage_list_str *result, ctl_req *req)
 {
     storage_unit *u = ctx;
     store_totals t;
     uint32_t page = store_max_list(u->store);
-    store_totals_get(u->store, &t);
-    key_list l = {ctl_req_alloc(req, (t.blobs ? t.blobs : 1) * sizeof(ctl_str)), 0,
-                  t.blobs, a->after};
-    if (!l.keys)
-        return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
-    store_each(u->store, a->prefix, collect_key, &l);
-    if (a->limit == 0 && l.n > page)
-        return ctl_req_fail(req, CTL_PROTOCOL,
-                            "%zu keys match, more than this unit lists at once "
-                            "(--max-list-keys %" PRIu32 "): page with 'after' and "
-                            "'limit'", l.n, page);
-    qsort(l.keys, l.n, sizeof *l.keys, cmp_key);
     size_t want = a->limit && a->limit < page ? a->limit : page;
-    result->items = l.keys;
-    result->count = l.n < want ? l.n : want;
+    store_totals_get(u->store, &t);
+    if (want > t.blobs)
+        want = (size_t)t.blobs;
+    key_page p = {ctl_req_alloc(req, (want ? want : 1) * sizeof(ctl_str)), 0, want, 0,
+                  a->after};
+    if (!p.heap)
+        return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
+    store_each(u->store, a->prefix, collect_key, &p);
+    if (a->limit == 0 && p.matches > page)
+        return ctl_req_fail(req, CTL_PROTOCOL,
+                            "%" PRIu64 " keys match, more than this unit lists at once "
+                            "(--max-list-keys %" PRIu32 "): page with 'after' and "
+                            "'limit'", p.matches, page);
+    /* Heap sort in place: the greatest key goes last, and so on. */
+    for (size_t n = p.n; n > 1; n--) {
+        ctl_str top = p.heap[0];
+        p.heap[0] = p.heap[n - 1];
+        p.heap[n - 1] = top;
+        heap_sift_down(p.heap, n - 1, 0);
+    }
+    result->items = p.heap;
+    result->count = p.n;
     return 0;
 }
 

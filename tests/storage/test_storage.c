@@ -47,6 +47,7 @@
 #include <zmq.h>
 
 #include "storage.ctl.h"
+#include "store.h" /* STORE_BLOB_OVERHEAD */
 #include "testutil.h"
 #include "unitproc.h"
 
@@ -248,6 +249,14 @@ static int setup_spill_fsize(void **state)
 }
 /* A small unit: 1 MiB of blobs, 8 MiB of keys and bookkeeping. */
 static int setup_flood(void **state) { return fx_new_index(state, "1M", false, "8M"); }
+/* Room in the index for about 1.5 million tiny blobs (a tenth under a
+ * sanitizer, whose allocator makes each one several times slower). */
+#define MILLION_INDEX (UP_SANITIZED ? "24M" : "256M")
+#define MILLION_INDEX_BYTES ((uint64_t)(UP_SANITIZED ? 24 : 256) << 20)
+static int setup_million(void **state)
+{
+    return fx_new_index(state, "1M", false, MILLION_INDEX);
+}
 static int setup_small(void **state) { return fx_new(state, "1000", false); }
 static int setup_spill(void **state) { return fx_new(state, "1000", true); }
 
@@ -1220,7 +1229,7 @@ static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
     /* Each blob costs its key and at least its bookkeeping: no more than
      * this many can fit, and a unit that did not count keys would take
      * them all. */
-    size_t most = (size_t)(index_capacity / (key_len + 160)) + 1;
+    size_t most = (size_t)(index_capacity / (key_len + STORE_BLOB_OVERHEAD)) + 1;
     flooder fl[THREADS];
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++) {
@@ -1241,8 +1250,8 @@ static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
     assert_int_equal(st.index_capacity, index_capacity);
     assert_true(st.index_bytes <= index_capacity);
     /* Full: not even one more key fits. */
-    assert_true(st.index_bytes + key_len + 160 > index_capacity);
-    assert_true(st.index_bytes >= stored * (key_len + 160));
+    assert_true(st.index_bytes + key_len + STORE_BLOB_OVERHEAD > index_capacity);
+    assert_true(st.index_bytes >= stored * (key_len + STORE_BLOB_OVERHEAD));
     uint64_t rss_after = (uint64_t)up_rss_kib(f->pid) * 1024;
     print_message("flood: %zu blobs under %zu-byte keys, index %" PRIu64 " of %" PRIu64
                   " bytes; unit RSS %" PRIu64 " -> %" PRIu64 " bytes\n", stored, key_len,
@@ -1260,6 +1269,93 @@ static void flood_until_full(fx *f, size_t key_len, uint64_t index_capacity)
 static void test_flood_tiny_blobs(void **state)
 {
     flood_until_full(*state, 12, (uint64_t)8 << 20);
+}
+
+/* Millions of tiny blobs, sent as fast as the unit takes them (a window of
+ * pipelined raw puts on one socket): the unit stores them until its index
+ * is full, refuses every one after that with UnitFull, and its memory
+ * stays within capacity + index capacity. */
+static void test_flood_million_tiny_blobs(void **state)
+{
+    enum { WINDOW = 256 };
+    fx *f = *state;
+    storage_UnitStats st;
+    ctl_reply *reply = NULL;
+    uint64_t index_capacity = MILLION_INDEX_BYTES;
+    uint64_t rss_before = (uint64_t)up_rss_kib(f->pid) * 1024;
+    /* Each blob costs its 8-byte key and its bookkeeping: send a tenth
+     * more than can fit. */
+    uint64_t fit = index_capacity / (8 + STORE_BLOB_OVERHEAD);
+    uint64_t attempts = fit + fit / 10;
+    void *sock = tu_raw_connect(f->zctx, ZMQ_DEALER, f->endpoint);
+    assert_non_null(sock);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    tu_buf req, args;
+    tu_buf_init(&req);
+    tu_buf_init(&args);
+    uint64_t sent = 0, stored = 0, full = 0, first_full = 0;
+    while (sent < attempts) {
+        uint64_t batch = attempts - sent < WINDOW ? attempts - sent : WINDOW;
+        for (uint64_t i = 0; i < batch; i++) {
+            char key[9];
+            snprintf(key, sizeof key, "%08" PRIx64, sent + i);
+            tu_buf_reset(&args);
+            msgpack_pack_map(&args.pk, 2);
+            tu_pk_str(&args.pk, "key");
+            tu_pk_strn(&args.pk, key, 8);
+            tu_pk_str(&args.pk, "data");
+            msgpack_pack_bin(&args.pk, 0);
+            tu_buf_reset(&req);
+            tu_pack_request(&req, "put", key, 8, args.sb.data, args.sb.size);
+            assert_int_equal(tu_raw_send(sock, req.sb.data, req.sb.size), 0);
+        }
+        for (uint64_t i = 0; i < batch; i++) {
+            tu_rx rx;
+            tu_reply r;
+            if (tu_raw_recv(sock, RAW_MS, &rx) != 0)
+                fail_msg("no reply to put %" PRIu64 " of %" PRIu64, sent + i, attempts);
+            msgpack_zone_clear(&zone);
+            assert_int_equal(tu_parse_reply(TU_RX_PAYLOAD(&rx), TU_RX_PAYLOAD_LEN(&rx),
+                                            &zone, &r), 0);
+            if (r.ok) {
+                stored++;
+                if (full)
+                    fail_msg("put %" PRIu64 " stored after %" PRIu64 " refusals",
+                             sent + i, full);
+            } else {
+                assert_error_map(&r.body, "UnitFull");
+                if (!full++)
+                    first_full = sent + i;
+            }
+            tu_rx_free(&rx);
+        }
+        sent += batch;
+    }
+    tu_buf_fini(&req);
+    tu_buf_fini(&args);
+    msgpack_zone_destroy(&zone);
+    zmq_close(sock);
+    assert_int_equal(stored + full, attempts);
+    assert_int_equal(first_full, stored);
+    assert_true(full > 0);
+    assert_int_equal(stored, fit);
+    if (!UP_SANITIZED)
+        assert_true(stored >= 1000000);
+    assert_int_equal(storage_stats(f->client, f->endpoint, CALL_MS, &st, &reply, &f->err), 0);
+    ctl_reply_destroy(&reply);
+    assert_int_equal(st.blobs, stored);
+    assert_int_equal(st.index_capacity, index_capacity);
+    assert_true(st.index_bytes <= index_capacity);
+    uint64_t rss_after = (uint64_t)up_rss_kib(f->pid) * 1024;
+    print_message("flood: %" PRIu64 " tiny blobs stored, %" PRIu64 " refused; index %" PRIu64
+                  " of %" PRIu64 " bytes; unit RSS %" PRIu64 " -> %" PRIu64 " bytes\n", stored,
+                  full, st.index_bytes, index_capacity, rss_before, rss_after);
+    if (!UP_SANITIZED && rss_before && rss_after &&
+        rss_after > rss_before + st.capacity + index_capacity + ((uint64_t)16 << 20))
+        fail_msg("unit RSS grew from %" PRIu64 " to %" PRIu64 " bytes: more than capacity "
+                 "%" PRIu64 " + index %" PRIu64 " + 16 MiB", rss_before, rss_after,
+                 st.capacity, index_capacity);
 }
 
 /* Long keys with empty blobs (the hole a hostile client could use): they
@@ -1330,6 +1426,70 @@ static void test_list_paging(void **state)
     assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err), 0);
     assert_int_equal(got.count, 5);
     ctl_reply_destroy(&reply);
+}
+
+static int cmp_str_bytes(const void *x, const void *y)
+{
+    const ctl_str *a = x, *b = y;
+    int c = memcmp(a->ptr, b->ptr, a->len < b->len ? a->len : b->len);
+    return c ? c : (a->len > b->len) - (a->len < b->len);
+}
+
+/* Paging through keys that are prefixes of each other, hold NUL bytes and
+ * bytes above 0x7f yields every key once, in byte order then length, for
+ * every page size: the unit's page is chosen, not sorted from everything. */
+static void test_list_pages_in_byte_order(void **state)
+{
+    fx *f = *state;
+    enum { N = 120 };
+    static const char alphabet[] = {'a', 'b', '\0', (char)0xe9};
+    char bytes[N][6];
+    ctl_str keys[N];
+    size_t n = 0;
+    unsigned seed = 12345;
+    while (n < N) {
+        size_t len = 1 + (seed = seed * 1103515245u + 12345u) % 5;
+        for (size_t i = 0; i < len; i++)
+            bytes[n][i] = alphabet[(seed = seed * 1103515245u + 12345u) >> 16 & 3];
+        ctl_str k = {bytes[n], len};
+        int dup = 0;
+        for (size_t j = 0; j < n && !dup; j++)
+            dup = cmp_str_bytes(&keys[j], &k) == 0;
+        if (!dup) {
+            put_ok(f, k, S("v"), false);
+            keys[n++] = k;
+        }
+    }
+    qsort(keys, N, sizeof keys[0], cmp_str_bytes);
+    static const uint32_t limits[] = {1, 3, 7, 19, 20, 1000};
+    for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
+        storage_list_args a = STORAGE_LIST_ARGS_INIT;
+        char last[6];
+        size_t seen = 0;
+        a.limit = limits[l];
+        for (;;) {
+            storage_list_str got;
+            ctl_reply *reply = NULL;
+            assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply,
+                                          &f->err), 0);
+            uint32_t page = limits[l] < 20 ? limits[l] : 20; /* --max-list-keys 20 */
+            assert_true(got.count <= page);
+            for (size_t k = 0; k < got.count; k++, seen++) {
+                assert_true(seen < N);
+                assert_int_equal(got.items[k].len, keys[seen].len);
+                assert_memory_equal(got.items[k].ptr, keys[seen].ptr, keys[seen].len);
+            }
+            size_t count = got.count;
+            if (count) {
+                memcpy(last, got.items[count - 1].ptr, got.items[count - 1].len);
+                a.after = (ctl_str){last, got.items[count - 1].len};
+            }
+            ctl_reply_destroy(&reply);
+            if (count < page)
+                break;
+        }
+        assert_int_equal(seen, N);
+    }
 }
 
 /* A key longer than --max-key-bytes is refused, naming the limit; one at
@@ -1739,9 +1899,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_spill_write_fails, setup_spill_fsize, teardown),
         cmocka_unit_test_setup_teardown(test_key_limit, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_list_paging, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_list_pages_in_byte_order, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_index_capacity, setup_small_index, teardown),
         cmocka_unit_test_setup_teardown(test_flood_tiny_blobs, setup_flood, teardown),
         cmocka_unit_test_setup_teardown(test_flood_long_keys, setup_flood, teardown),
+        cmocka_unit_test_setup_teardown(test_flood_million_tiny_blobs, setup_million,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_spill_dir_reused_after_kill, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_clean_shutdown, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_under_load, setup_big, teardown),
