@@ -9,13 +9,53 @@
 # imports, the generator's code or one of its templates changes; they live
 # in the build tree and are never committed.
 #
+# One IDL, one stubs target: a server and a client of the same service link
+# the one library that generated it. Generating the same files twice (the
+# same IDL twice in one directory, or two calls with one OUT) is refused at
+# configure time, since two rules writing one file race in a parallel build.
+#
 # The generator needs a Python 3 with jinja2. CTLRPC_PYTHON (a cache
 # variable) names it; when unset, /usr/bin/python3 and then the python3 on
 # PATH are tried, and configure fails early, naming the Debian package, if
-# none can import jinja2.
+# none can import jinja2. The generator must be of the runtime's version
+# (`ctlrpc-gen --version`); configure fails naming both otherwise.
+#
+# Used from the source tree (the variables below are set by
+# runtime/CMakeLists.txt) and from an install (ctlrpcConfig.cmake sets them
+# to the installed generator before including this file):
+#   CTLRPC_GEN          the generator script
+#   CTLRPC_GEN_DEPENDS  the files its output depends on (package, templates)
+#   CTLRPC_GEN_VERSION  the version the generator must report
 
-set(CTLRPC_GEN_DIR "${CMAKE_CURRENT_LIST_DIR}/../../gen" CACHE INTERNAL "")
-get_filename_component(CTLRPC_GEN_DIR "${CTLRPC_GEN_DIR}" ABSOLUTE)
+# In the source tree they are cache entries, so that every directory of the
+# build (and of a project that adds ours) sees them.
+if(NOT CTLRPC_GEN_INSTALLED)
+  get_filename_component(_ctl_gen_dir "${CMAKE_CURRENT_LIST_DIR}/../../gen" ABSOLUTE)
+  file(GLOB_RECURSE _ctl_gen_depends CONFIGURE_DEPENDS
+       "${_ctl_gen_dir}/ctlrpc-gen"
+       "${_ctl_gen_dir}/ctlrpc_gen/*.py"
+       "${_ctl_gen_dir}/ctlrpc_gen/templates/*")
+  set(CTLRPC_GEN "${_ctl_gen_dir}/ctlrpc-gen" CACHE INTERNAL "")
+  set(CTLRPC_GEN_DEPENDS "${_ctl_gen_depends}" CACHE INTERNAL "")
+  set(CTLRPC_GEN_VERSION "${PROJECT_VERSION}" CACHE INTERNAL "")
+  set(CTLRPC_GEN_DIR "${_ctl_gen_dir}" CACHE INTERNAL "")
+endif()
+
+# The generator reports the version the runtime has, or configure stops.
+function(_ctlrpc_check_gen_version py)
+  execute_process(COMMAND "${py}" "${CTLRPC_GEN}" --version
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "ctlrpc_generate: ${CTLRPC_GEN} --version failed (${rc}): ${err}")
+  endif()
+  if(NOT out STREQUAL "ctlrpc-gen ${CTLRPC_GEN_VERSION}")
+    message(FATAL_ERROR
+      "ctlrpc_generate: ${CTLRPC_GEN} is '${out}', but the runtime linked is ctlrpc "
+      "${CTLRPC_GEN_VERSION}: generated code must come from the generator of the same "
+      "version (install them together)")
+  endif()
+endfunction()
 
 function(_ctlrpc_find_python)
   if(CTLRPC_PYTHON_OK)
@@ -36,8 +76,8 @@ function(_ctlrpc_find_python)
                     RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
     if(rc EQUAL 0)
       set(CTLRPC_PYTHON "${py}" CACHE FILEPATH "Python 3 with jinja2 for ctlrpc-gen" FORCE)
-      set(CTLRPC_PYTHON_OK TRUE CACHE INTERNAL "")
       message(STATUS "ctlrpc-gen runs with ${py}")
+      set(CTLRPC_PYTHON_OK TRUE CACHE INTERNAL "")
       return()
     endif()
   endforeach()
@@ -56,6 +96,11 @@ function(ctlrpc_generate target)
     message(FATAL_ERROR "ctlrpc_generate(${target}): no such target")
   endif()
   _ctlrpc_find_python()
+  get_property(checked GLOBAL PROPERTY CTLRPC_GEN_CHECKED)
+  if(NOT checked)
+    _ctlrpc_check_gen_version("${CTLRPC_PYTHON}")
+    set_property(GLOBAL PROPERTY CTLRPC_GEN_CHECKED TRUE)
+  endif()
   get_filename_component(idl "${ARG_IDL}" ABSOLUTE)
   if(NOT EXISTS "${idl}")
     message(FATAL_ERROR "ctlrpc_generate(${target}): IDL file ${idl} does not exist")
@@ -64,15 +109,25 @@ function(ctlrpc_generate target)
   if(NOT ARG_OUT)
     set(ARG_OUT "${CMAKE_CURRENT_BINARY_DIR}/ctlrpc-gen/${stem}")
   endif()
+  get_filename_component(ARG_OUT "${ARG_OUT}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_BINARY_DIR}")
   set(outputs "${ARG_OUT}/${stem}.ctl.h" "${ARG_OUT}/${stem}.ctl.c")
+  get_property(done GLOBAL PROPERTY CTLRPC_GENERATED)
+  foreach(entry IN LISTS done)
+    string(REPLACE "|" ";" entry "${entry}")
+    list(GET entry 0 done_file)
+    list(GET entry 1 done_target)
+    if(done_file STREQUAL "${ARG_OUT}/${stem}.ctl.c")
+      message(FATAL_ERROR
+        "ctlrpc_generate(${target}): ${stem}.ctl.c in ${ARG_OUT} is already generated for "
+        "target ${done_target}: link ${target} against ${done_target} (one stubs library "
+        "per IDL, used by the server and the client), or give another OUT")
+    endif()
+  endforeach()
+  set_property(GLOBAL APPEND PROPERTY CTLRPC_GENERATED "${ARG_OUT}/${stem}.ctl.c|${target}")
 
   # Everything the output depends on: the generator and its templates, and
   # the IDL files this one imports (listed by the generator itself, so a
   # change to an import also regenerates).
-  file(GLOB_RECURSE gen_sources CONFIGURE_DEPENDS
-       "${CTLRPC_GEN_DIR}/ctlrpc-gen"
-       "${CTLRPC_GEN_DIR}/ctlrpc_gen/*.py"
-       "${CTLRPC_GEN_DIR}/ctlrpc_gen/templates/*")
   set(depfile "${ARG_OUT}/${stem}.ctl.d")
   # ctlrpc-gen rewrites a file only when its text changes. Ninja sees that
   # (CMake marks custom commands `restat`), so touching an IDL without
@@ -85,11 +140,11 @@ function(ctlrpc_generate target)
   endif()
   add_custom_command(
     OUTPUT ${outputs}
-    COMMAND "${CTLRPC_PYTHON}" "${CTLRPC_GEN_DIR}/ctlrpc-gen" "${idl}"
+    COMMAND "${CTLRPC_PYTHON}" "${CTLRPC_GEN}" "${idl}"
             -o "${ARG_OUT}" --depfile "${depfile}"
     ${touch_outputs}
     MAIN_DEPENDENCY "${idl}"
-    DEPENDS ${gen_sources}
+    DEPENDS ${CTLRPC_GEN_DEPENDS}
     DEPFILE "${depfile}"
     COMMENT "ctlrpc-gen ${stem}.idl"
     VERBATIM)

@@ -87,7 +87,7 @@ project(evolve C)
 set(CMAKE_C_STANDARD 11)
 set(CMAKE_C_STANDARD_REQUIRED ON)
 set(CMAKE_C_EXTENSIONS OFF)
-add_subdirectory("$root/runtime" ctlrpc)
+add_subdirectory("$root" ctlrpc)
 separate_arguments(W UNIX_COMMAND "$warnings -Werror")
 set(EX "$examples")
 

@@ -4,7 +4,8 @@
 #   regen_test.sh <ctlrpc source dir> <cmake> <cmake generator> <C compiler> [<python>]
 #
 # In a temporary directory, a standalone CMake project add_subdirectory()s
-# the ctlrpc runtime (which stands alone), generates stubs from its own copy
+# the ctlrpc source tree (as a subproject it builds only the library and the
+# generator step), generates stubs from its own copy
 # of tests/gen/good/everything.idl (and of the IDL that imports) with
 # ctlrpc_generate(), and builds and runs a main.c that uses them. Then:
 #   (a) a rebuild without changes runs neither ctlrpc-gen nor the compiler;
@@ -37,7 +38,7 @@ cmake_minimum_required(VERSION 3.25)
 project(regen C)
 set(CMAKE_C_STANDARD 11)
 set(CMAKE_C_STANDARD_REQUIRED ON)
-add_subdirectory("$root/runtime" ctlrpc)
+add_subdirectory("$root" ctlrpc)
 add_executable(app main.c)
 target_compile_options(app PRIVATE -Wall -Wextra -Werror)
 ctlrpc_generate(app IDL \${CMAKE_CURRENT_SOURCE_DIR}/svc.idl)

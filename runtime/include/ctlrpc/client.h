@@ -82,18 +82,18 @@ typedef struct ctl_client_options {
 } ctl_client_options;
 
 /* Set `opts` to the defaults. */
-void ctl_client_options_init(ctl_client_options *opts);
+CTL_API void ctl_client_options_init(ctl_client_options *opts);
 
 /* Create a client. `opts` may be NULL for the defaults; it is not kept.
  * Returns 0 and stores the client in *out, or CTL_INVALID / CTL_TRANSFER
  * (cause NOMEM or TRANSPORT) with *out left NULL. */
-int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
+CTL_API int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
                    ctl_error *err);
 
 /* Close every socket (idle ones linger up to 100 ms so queued notifies can
  * leave) and free the client; sets *client to NULL. Accepts NULL and a
  * pointer to NULL. Not thread-safe: no call may be running on the client. */
-void ctl_client_destroy(ctl_client **client);
+CTL_API void ctl_client_destroy(ctl_client **client);
 
 /*
  * Request/reply: send [op, id, args] to `address` ("tcp://host:port") and
@@ -106,7 +106,7 @@ void ctl_client_destroy(ctl_client **client);
  * with ctl_reply_destroy). On failure returns the negative kind, fills `err`
  * and leaves *reply NULL. Blocking: at most `timeout_ms`.
  */
-int ctl_client_call(ctl_client *client, const char *address, const char *op,
+CTL_API int ctl_client_call(ctl_client *client, const char *address, const char *op,
                     const void *args, size_t args_len, int timeout_ms,
                     ctl_reply **reply, ctl_error *err);
 
@@ -119,7 +119,7 @@ int ctl_client_call(ctl_client *client, const char *address, const char *op,
  * order when no other thread uses that address meanwhile (they share the
  * pool's most recently returned socket); otherwise order is not promised.
  */
-int ctl_client_notify(ctl_client *client, const char *address, const char *op,
+CTL_API int ctl_client_notify(ctl_client *client, const char *address, const char *op,
                       const void *args, size_t args_len, ctl_error *err);
 
 /* One target of a fan-out: the address and its args (packed map bytes,
@@ -151,27 +151,27 @@ typedef struct ctl_outcome {
  * arguments: CTL_INVALID, with every outcome holding that error).
  * Blocking: at most `timeout_ms`.
  */
-int ctl_client_call_many(ctl_client *client, const char *op,
+CTL_API int ctl_client_call_many(ctl_client *client, const char *op,
                          const ctl_target *targets, size_t count,
                          int timeout_ms, ctl_outcome *outcomes);
 
 /* Release `count` outcomes (replies and errors). Accepts NULL. */
-void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count);
+CTL_API void ctl_outcomes_fini(ctl_outcome *outcomes, size_t count);
 
 /* The decoded result (nil for ops without one). Borrowed from the reply:
  * it and every string/bin inside are valid until ctl_reply_destroy. */
-const msgpack_object *ctl_reply_result(const ctl_reply *reply);
+CTL_API const msgpack_object *ctl_reply_result(const ctl_reply *reply);
 
 /* Memory that lives as long as the reply: typed stubs decode arrays of a
  * result into it. Aligned for any type; NULL when out of memory. Never
  * free it; ctl_reply_destroy does. */
-void *ctl_reply_alloc(ctl_reply *reply, size_t size);
+CTL_API void *ctl_reply_alloc(ctl_reply *reply, size_t size);
 
 /* The request id the reply carried (view into the reply). */
-ctl_str ctl_reply_id(const ctl_reply *reply);
+CTL_API ctl_str ctl_reply_id(const ctl_reply *reply);
 
 /* Free a reply; sets *reply to NULL. Accepts NULL and a pointer to NULL. */
-void ctl_reply_destroy(ctl_reply **reply);
+CTL_API void ctl_reply_destroy(ctl_reply **reply);
 
 /* Counters since creation (each exact; the set is not a snapshot). */
 typedef struct ctl_client_stats {
@@ -186,7 +186,7 @@ typedef struct ctl_client_stats {
     uint64_t sockets_closed;  /* sockets closed, for any reason */
 } ctl_client_stats;
 
-void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out);
+CTL_API void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,8 @@
 
 #include <msgpack.h>
 
+#include "ctlrpc/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -39,7 +41,7 @@ typedef struct ctl_str {
 } ctl_str;
 
 /* Build a view of a NUL-terminated C string (NULL gives the empty view). */
-ctl_str ctl_str_c(const char *s);
+CTL_API ctl_str ctl_str_c(const char *s);
 
 /* Decoding bounds. A zero field means "the default". */
 typedef struct ctl_limits {
@@ -58,7 +60,7 @@ typedef struct ctl_limits {
 #define CTL_DEFAULT_MAX_ITEMS ((size_t)1 << 20)
 
 /* `in` with zero fields replaced by the defaults; `in` may be NULL. */
-ctl_limits ctl_limits_resolve(const ctl_limits *in);
+CTL_API ctl_limits ctl_limits_resolve(const ctl_limits *in);
 
 /* Outcome of ctl_wire_check. */
 typedef enum ctl_wire_status {
@@ -72,7 +74,7 @@ typedef enum ctl_wire_status {
 } ctl_wire_status;
 
 /* A short description of a status ("truncated", ...). Constant string. */
-const char *ctl_wire_status_name(ctl_wire_status status);
+CTL_API const char *ctl_wire_status_name(ctl_wire_status status);
 
 /*
  * Scan exactly one msgpack object at the start of `data` without allocating.
@@ -81,7 +83,7 @@ const char *ctl_wire_status_name(ctl_wire_status status);
  * at (0 at top level) and `items` (may be NULL) accumulates the object count
  * across calls so one message's parts share one budget.
  */
-ctl_wire_status ctl_wire_check(const void *data, size_t len,
+CTL_API ctl_wire_status ctl_wire_check(const void *data, size_t len,
                                const ctl_limits *limits, unsigned depth0,
                                size_t *items, size_t *used);
 
@@ -90,30 +92,30 @@ ctl_wire_status ctl_wire_check(const void *data, size_t len,
 /* Each returns true and stores the value when `o` holds a value of the
  * right family that fits the C type (any msgpack integer width is accepted;
  * f64 also accepts float32 and integers), false otherwise. */
-bool ctl_obj_bool(const msgpack_object *o, bool *out);
-bool ctl_obj_i32(const msgpack_object *o, int32_t *out);
-bool ctl_obj_i64(const msgpack_object *o, int64_t *out);
-bool ctl_obj_u32(const msgpack_object *o, uint32_t *out);
-bool ctl_obj_u64(const msgpack_object *o, uint64_t *out);
-bool ctl_obj_f64(const msgpack_object *o, double *out);
+CTL_API bool ctl_obj_bool(const msgpack_object *o, bool *out);
+CTL_API bool ctl_obj_i32(const msgpack_object *o, int32_t *out);
+CTL_API bool ctl_obj_i64(const msgpack_object *o, int64_t *out);
+CTL_API bool ctl_obj_u32(const msgpack_object *o, uint32_t *out);
+CTL_API bool ctl_obj_u64(const msgpack_object *o, uint64_t *out);
+CTL_API bool ctl_obj_f64(const msgpack_object *o, double *out);
 /* str and bin give views into the message (no copy). */
-bool ctl_obj_str(const msgpack_object *o, ctl_str *out);
-bool ctl_obj_bin(const msgpack_object *o, ctl_str *out);
+CTL_API bool ctl_obj_str(const msgpack_object *o, ctl_str *out);
+CTL_API bool ctl_obj_bin(const msgpack_object *o, ctl_str *out);
 
 /* The value under string key `key` in map `o`, or NULL when `o` is not a
  * map or has no such key. Linear in the map's size. */
-const msgpack_object *ctl_obj_get(const msgpack_object *o, const char *key);
+CTL_API const msgpack_object *ctl_obj_get(const msgpack_object *o, const char *key);
 
 /* The msgpack family of `o` as a word for messages ("str", "array", ...). */
-const char *ctl_obj_type_name(const msgpack_object *o);
+CTL_API const char *ctl_obj_type_name(const msgpack_object *o);
 
 /* ---- writing -------------------------------------------------------- */
 
 /* Pack a string view as msgpack str / bin. Return 0 or -1 (out of memory). */
-int ctl_pack_str(msgpack_packer *pk, ctl_str s);
-int ctl_pack_bin(msgpack_packer *pk, ctl_str b);
+CTL_API int ctl_pack_str(msgpack_packer *pk, ctl_str s);
+CTL_API int ctl_pack_bin(msgpack_packer *pk, ctl_str b);
 /* Pack a NUL-terminated string as msgpack str. */
-int ctl_pack_cstr(msgpack_packer *pk, const char *s);
+CTL_API int ctl_pack_cstr(msgpack_packer *pk, const char *s);
 
 #ifdef __cplusplus
 }

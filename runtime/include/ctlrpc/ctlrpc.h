@@ -12,11 +12,7 @@
 #ifndef CTLRPC_CTLRPC_H
 #define CTLRPC_CTLRPC_H
 
-#define CTLRPC_VERSION_MAJOR 0
-#define CTLRPC_VERSION_MINOR 1
-#define CTLRPC_VERSION_PATCH 0
-#define CTLRPC_VERSION_STRING "0.1.0"
-
+#include "ctlrpc/version.h"
 #include "ctlrpc/codec.h"
 #include "ctlrpc/error.h"
 #include "ctlrpc/net.h"

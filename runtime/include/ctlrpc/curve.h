@@ -36,17 +36,17 @@ extern "C" {
 #define CTL_CURVE_KEY_BUF 41
 
 /* Whether the libzmq in use was built with CURVE (libsodium). */
-bool ctl_curve_available(void);
+CTL_API bool ctl_curve_available(void);
 
 /* Whether `key` is a well-formed Z85 key (40 characters that decode). */
-bool ctl_curve_key_valid(const char *key);
+CTL_API bool ctl_curve_key_valid(const char *key);
 
 /* A new key pair, NUL-terminated Z85. 0 or CTL_INVALID (no CURVE). */
-int ctl_curve_keypair(char public_key[CTL_CURVE_KEY_BUF],
+CTL_API int ctl_curve_keypair(char public_key[CTL_CURVE_KEY_BUF],
                       char secret_key[CTL_CURVE_KEY_BUF], ctl_error *err);
 
 /* The public key of `secret_key`. 0 or CTL_INVALID. */
-int ctl_curve_public_of(const char *secret_key,
+CTL_API int ctl_curve_public_of(const char *secret_key,
                         char public_key[CTL_CURVE_KEY_BUF], ctl_error *err);
 
 /*
@@ -55,7 +55,7 @@ int ctl_curve_public_of(const char *secret_key,
  * group or others can read. 0, or CTL_INVALID with a message naming the
  * file and what is wrong with it.
  */
-int ctl_curve_read_key(const char *path, bool secret,
+CTL_API int ctl_curve_read_key(const char *path, bool secret,
                        char key[CTL_CURVE_KEY_BUF], ctl_error *err);
 
 /*
@@ -63,7 +63,7 @@ int ctl_curve_read_key(const char *path, bool secret,
  * ignored). On success *keys is a malloc'd array of *count keys (caller
  * frees it with free()). CTL_INVALID naming the file and line otherwise.
  */
-int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_KEY_BUF],
+CTL_API int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_KEY_BUF],
                              size_t *count, ctl_error *err);
 
 /*
@@ -72,7 +72,7 @@ int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_KEY_BUF],
  * overwritten) and PREFIX.pub (the public key, mode 0644). 0 or
  * CTL_INVALID naming the file.
  */
-int ctl_curve_write_keypair(const char *prefix, ctl_error *err);
+CTL_API int ctl_curve_write_keypair(const char *prefix, ctl_error *err);
 
 #ifdef __cplusplus
 }

@@ -77,17 +77,17 @@ typedef enum ctl_cause {
 
 /* The name of a kind as it travels on the wire ("UnitFull", ...), or
  * "Unknown" for a value outside the enum. Constant string. */
-const char *ctl_kind_name(int kind);
+CTL_API const char *ctl_kind_name(int kind);
 
 /* A one-line description of a kind. Constant string. */
-const char *ctl_strerror(int kind);
+CTL_API const char *ctl_strerror(int kind);
 
 /* The kind whose wire name is exactly `name` (only the four wire kinds
  * UnitFull, Busy, Missing and Protocol match), or CTL_OK when none does. */
-ctl_kind ctl_kind_from_wire(ctl_str name);
+CTL_API ctl_kind ctl_kind_from_wire(ctl_str name);
 
 /* The name of a cause ("timeout", ...). Constant string. */
-const char *ctl_cause_name(ctl_cause cause);
+CTL_API const char *ctl_cause_name(ctl_cause cause);
 
 /*
  * The details of a failure. Caller-owned storage: ctl_error_init() before
@@ -107,13 +107,13 @@ typedef struct ctl_error {
                           ("Protocol" or an unknown one); else NULL */
 } ctl_error;
 
-void ctl_error_init(ctl_error *err);
+CTL_API void ctl_error_init(ctl_error *err);
 
 /* Release everything the error owns and reset it to CTL_OK. Accepts NULL. */
-void ctl_error_fini(ctl_error *err);
+CTL_API void ctl_error_fini(ctl_error *err);
 
 /* Reset to CTL_OK, releasing what it held (same as fini then init). */
-void ctl_error_clear(ctl_error *err);
+CTL_API void ctl_error_clear(ctl_error *err);
 
 /*
  * Fill `err` (if not NULL) with `kind` and a printf-style message; returns
@@ -122,21 +122,21 @@ void ctl_error_clear(ctl_error *err);
  * message cannot be allocated, `msg` points to a constant fallback text
  * (never NULL) and the kind is kept.
  */
-int ctl_error_set(ctl_error *err, ctl_kind kind, const char *fmt, ...) CTL_PRINTF(3, 4);
-int ctl_error_setv(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap) CTL_PRINTF(3, 0);
+CTL_API int ctl_error_set(ctl_error *err, ctl_kind kind, const char *fmt, ...) CTL_PRINTF(3, 4);
+CTL_API int ctl_error_setv(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap) CTL_PRINTF(3, 0);
 
 /* As ctl_error_set with kind CTL_TRANSFER and the given cause. */
-int ctl_error_transfer(ctl_error *err, ctl_cause cause, const char *fmt, ...) CTL_PRINTF(3, 4);
+CTL_API int ctl_error_transfer(ctl_error *err, ctl_cause cause, const char *fmt, ...) CTL_PRINTF(3, 4);
 
 /* Set a Busy error with `reason` (copied; NULL allowed) and a message. */
-int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
-int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
+CTL_API int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
+CTL_API int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
                     va_list ap) CTL_PRINTF(3, 0);
 
 /* Set a Missing error naming `count` blob ids (copied) and a message. */
-int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,
+CTL_API int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,
                       const char *fmt, ...) CTL_PRINTF(4, 5);
-int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
+CTL_API int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
                        const char *fmt, va_list ap) CTL_PRINTF(4, 0);
 
 /* ctl_error_busy and ctl_error_missing keep their kind even when the reason
@@ -150,7 +150,7 @@ int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
  * CTL_TRANSFER with `dst` holding a CTL_TRANSFER / CTL_CAUSE_NOMEM error
  * whose message names what was being copied (never a partial copy).
  */
-int ctl_error_copy(ctl_error *dst, const ctl_error *src);
+CTL_API int ctl_error_copy(ctl_error *dst, const ctl_error *src);
 
 #ifdef __cplusplus
 }

@@ -76,29 +76,29 @@ typedef struct ctl_dec {
 
 /* Decode into memory from `alloc(owner, size)` (aligned for any type,
  * NULL when out of memory). */
-void ctl_dec_init(ctl_dec *d, ctl_alloc_fn alloc, void *owner);
+CTL_API void ctl_dec_init(ctl_dec *d, ctl_alloc_fn alloc, void *owner);
 
 /* `n` elements of `size` bytes, zeroed; NULL (and the failure recorded)
  * on overflow or when out of memory. n == 0 gives a non-NULL pointer. */
-void *ctl_dec_alloc(ctl_dec *d, size_t n, size_t size);
+CTL_API void *ctl_dec_alloc(ctl_dec *d, size_t n, size_t size);
 
 /* Record a type mismatch: "expected <expected>, got <family of got>", or
  * for an integer outside an integer type ("i32", "u64", ...) "expected u32,
  * got -1 (out of range)". Returns -1. */
-int ctl_dec_mismatch(ctl_dec *d, const char *expected, const msgpack_object *got);
+CTL_API int ctl_dec_mismatch(ctl_dec *d, const char *expected, const msgpack_object *got);
 
 /* Record another failure (printf-style). Returns -1. */
-int ctl_dec_fail(ctl_dec *d, const char *fmt, ...) CTL_PRINTF(2, 3);
+CTL_API int ctl_dec_fail(ctl_dec *d, const char *fmt, ...) CTL_PRINTF(2, 3);
 
 /* Prepend a list index / a map key or field name to the path. Return -1,
  * so a decoder can `return ctl_dec_at_index(d, i);` on its way out. */
-int ctl_dec_at_index(ctl_dec *d, size_t index);
-int ctl_dec_at_key(ctl_dec *d, ctl_str key);
+CTL_API int ctl_dec_at_index(ctl_dec *d, size_t index);
+CTL_API int ctl_dec_at_key(ctl_dec *d, ctl_str key);
 
 /* Where the failure is ("[2].size"; empty at the top) and what it is.
  * NUL-terminated, owned by `d`. */
-const char *ctl_dec_where(const ctl_dec *d);
-const char *ctl_dec_what(const ctl_dec *d);
+CTL_API const char *ctl_dec_where(const ctl_dec *d);
+CTL_API const char *ctl_dec_what(const ctl_dec *d);
 
 /* ---- type descriptors ------------------------------------------------ */
 
@@ -154,22 +154,22 @@ struct ctl_type {
 };
 
 /* The scalars. */
-extern const ctl_type ctl_type_bool;
-extern const ctl_type ctl_type_i32;
-extern const ctl_type ctl_type_i64;
-extern const ctl_type ctl_type_u32;
-extern const ctl_type ctl_type_u64;
-extern const ctl_type ctl_type_f64;
-extern const ctl_type ctl_type_str;
-extern const ctl_type ctl_type_bin;
+CTL_API extern const ctl_type ctl_type_bool;
+CTL_API extern const ctl_type ctl_type_i32;
+CTL_API extern const ctl_type ctl_type_i64;
+CTL_API extern const ctl_type ctl_type_u32;
+CTL_API extern const ctl_type ctl_type_u64;
+CTL_API extern const ctl_type ctl_type_f64;
+CTL_API extern const ctl_type ctl_type_str;
+CTL_API extern const ctl_type ctl_type_bin;
 
 /* Pack the C value at `value` as `type`. 0, or -1 (out of memory, or a
  * list/map with more than 2^32-1 entries or NULL items). */
-int ctl_type_pack(msgpack_packer *pk, const ctl_type *type, const void *value);
+CTL_API int ctl_type_pack(msgpack_packer *pk, const ctl_type *type, const void *value);
 
 /* Decode `o` as `type` into the C value at `out` (records and args start
  * from their defaults). 0, or -1 with `d` saying where and what. */
-int ctl_type_decode(const msgpack_object *o, const ctl_type *type, void *out,
+CTL_API int ctl_type_decode(const msgpack_object *o, const ctl_type *type, void *out,
                     ctl_dec *d);
 
 /* ---- op descriptors -------------------------------------------------- */
@@ -202,7 +202,7 @@ typedef struct ctl_op_desc {
  * `reply` may be NULL. A result that does not decode is CTL_TRANSFER with
  * cause CTL_CAUSE_BAD_REPLY, naming where in the result it failed.
  */
-int ctl_stub_call(ctl_client *client, const char *address,
+CTL_API int ctl_stub_call(ctl_client *client, const char *address,
                   const ctl_op_desc *op, const void *args, int timeout_ms,
                   void *result, ctl_reply **reply, ctl_error *err);
 
@@ -214,28 +214,28 @@ int ctl_stub_call(ctl_client *client, const char *address,
  * decoded result, or the error. Returns the number of failed outcomes, or
  * CTL_INVALID for NULL arguments.
  */
-int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
+CTL_API int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
                        const char *const *addresses, const void *args,
                        size_t count, int timeout_ms, void *outcomes);
 
 /* Release what `count` outcomes of `op` hold (replies and errors). */
-void ctl_stub_outcomes_fini(const ctl_op_desc *op, void *outcomes,
+CTL_API void ctl_stub_outcomes_fini(const ctl_op_desc *op, void *outcomes,
                             size_t count);
 
 /* Notify `op` with `args` (NULL when it takes none). */
-int ctl_stub_notify(ctl_client *client, const char *address,
+CTL_API int ctl_stub_notify(ctl_client *client, const char *address,
                     const ctl_op_desc *op, const void *args, ctl_error *err);
 
 /* Decode a reply's result as `op`'s into `result`: 0, or CTL_TRANSFER /
  * CTL_CAUSE_BAD_REPLY ("<op> at <address>: bad reply: result[1].size:
  * expected u64, got str"). */
-int ctl_stub_decode_result(const ctl_op_desc *op, ctl_reply *reply,
+CTL_API int ctl_stub_decode_result(const ctl_op_desc *op, ctl_reply *reply,
                            const char *address, void *result, ctl_error *err);
 
 /* The handler of every generated op (ctl_op.handler): decodes the args by
  * the op's descriptor (ctl_op.desc), calls the typed handler in `handlers`
  * and packs its result; a bad arg is a Protocol error naming it. */
-int ctl_stub_serve(void *handlers, const msgpack_object *args, ctl_req *req);
+CTL_API int ctl_stub_serve(void *handlers, const msgpack_object *args, ctl_req *req);
 
 #ifdef __cplusplus
 }

@@ -35,7 +35,7 @@ extern "C" {
  * address; finally "127.0.0.1". Returns 0 or CTL_INVALID.
  * Blocking: a few system calls, no network traffic.
  */
-int ctl_node_ip(char *buf, size_t buflen, ctl_error *err);
+CTL_API int ctl_node_ip(char *buf, size_t buflen, ctl_error *err);
 
 /* A parsed "tcp://host:port". `host` is a hostname, a dotted IPv4 address,
  * a bracketed IPv6 address (kept with its brackets) or "*"; `port` is
@@ -51,11 +51,11 @@ typedef struct ctl_endpoint {
  * quotes the text and says what is wrong (only tcp:// is supported, missing
  * port, port out of range, empty or bad host...).
  */
-int ctl_endpoint_parse(const char *text, ctl_endpoint *out, ctl_error *err);
+CTL_API int ctl_endpoint_parse(const char *text, ctl_endpoint *out, ctl_error *err);
 
 /* Format `ep` back to "tcp://host:port" ("*" for any port) into `buf`.
  * Returns 0, or CTL_INVALID when `buflen` is too small. */
-int ctl_endpoint_format(const ctl_endpoint *ep, char *buf, size_t buflen,
+CTL_API int ctl_endpoint_format(const ctl_endpoint *ep, char *buf, size_t buflen,
                         ctl_error *err);
 
 #ifdef __cplusplus

@@ -107,7 +107,7 @@ typedef struct ctl_server_options {
 } ctl_server_options;
 
 /* Set `opts` to the defaults (all zero/NULL). */
-void ctl_server_options_init(ctl_server_options *opts);
+CTL_API void ctl_server_options_init(ctl_server_options *opts);
 
 /*
  * Bind and start serving `service` on a new thread. `user` is handed to
@@ -117,18 +117,18 @@ void ctl_server_options_init(ctl_server_options *opts);
  * NULL. `opts` may be NULL for the defaults; it is not kept.
  * Blocking: only while binding.
  */
-int ctl_server_new(const ctl_service *service, void *user,
+CTL_API int ctl_server_new(const ctl_service *service, void *user,
                    const ctl_server_options *opts, ctl_server **out,
                    ctl_error *err);
 
 /* The bound endpoint, e.g. "tcp://127.0.0.1:41234" (the real port, never
  * 0 or "*"). NUL-terminated; owned by the server, valid until destroy. */
-const char *ctl_server_endpoint(const ctl_server *server);
+CTL_API const char *ctl_server_endpoint(const ctl_server *server);
 
 /* The lock handlers run under: the one passed in the options, or the
  * server's own. Take it for out-of-band work that must not overlap a
  * handler. Valid until destroy. */
-pthread_mutex_t *ctl_server_lock(ctl_server *server);
+CTL_API pthread_mutex_t *ctl_server_lock(ctl_server *server);
 
 /* Counters since start. Read with relaxed atomics: each is exact, the set
  * is not a snapshot. */
@@ -141,7 +141,7 @@ typedef struct ctl_server_stats {
     uint64_t auth_denied;   /* CURVE clients refused: not on the allowlist */
 } ctl_server_stats;
 
-void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
+CTL_API void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
 
 /*
  * Stop serving: wake the server thread at once (it may be waiting on the
@@ -149,7 +149,7 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
  * Requests not yet read are dropped; callers time out. Safe to call twice
  * and with NULL. Blocking: until the current handler, if any, returns.
  */
-void ctl_server_close(ctl_server *server);
+CTL_API void ctl_server_close(ctl_server *server);
 
 /*
  * Stop gracefully. The handler running, if any, finishes and its reply is
@@ -164,22 +164,22 @@ void ctl_server_close(ctl_server *server);
  * `timeout_ms` plus the running handler. Does nothing after close; accepts
  * NULL.
  */
-void ctl_server_drain(ctl_server *server, int timeout_ms);
+CTL_API void ctl_server_drain(ctl_server *server, int timeout_ms);
 
 /* Close (if not yet closed) and free the server; sets *server to NULL.
  * Accepts NULL and a pointer to NULL. */
-void ctl_server_destroy(ctl_server **server);
+CTL_API void ctl_server_destroy(ctl_server **server);
 
 /* ---- for handlers ---------------------------------------------------- */
 
 /* The packer to write the result into (exactly one object). Owned by the
  * request. */
-msgpack_packer *ctl_req_packer(ctl_req *req);
+CTL_API msgpack_packer *ctl_req_packer(ctl_req *req);
 
 /* Scratch memory that lives until the reply is sent: for building results
  * (arrays of views and the like). Returns NULL when out of memory.
  * Aligned for any type. Never free it. */
-void *ctl_req_alloc(ctl_req *req, size_t size);
+CTL_API void *ctl_req_alloc(ctl_req *req, size_t size);
 
 /*
  * Keep bytes of the request past the handler without copying them: `view`
@@ -192,35 +192,35 @@ void *ctl_req_alloc(ctl_req *req, size_t size);
  * request message alive, so hold large values, copy small ones.
  */
 typedef struct ctl_hold ctl_hold;
-ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view);
+CTL_API ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view);
 
 /* The held bytes (stable for the hold's life). */
-ctl_str ctl_hold_view(const ctl_hold *hold);
+CTL_API ctl_str ctl_hold_view(const ctl_hold *hold);
 
 /* Let go of a hold; sets *hold to NULL. Accepts NULL and a pointer to
  * NULL. */
-void ctl_hold_release(ctl_hold **hold);
+CTL_API void ctl_hold_release(ctl_hold **hold);
 
 /* The op name and the request id of this request (views, valid during the
  * handler call). */
-ctl_str ctl_req_op(const ctl_req *req);
-ctl_str ctl_req_id(const ctl_req *req);
+CTL_API ctl_str ctl_req_op(const ctl_req *req);
+CTL_API ctl_str ctl_req_id(const ctl_req *req);
 
 /* Fail the request with `kind` (CTL_UNIT_FULL or CTL_PROTOCOL; Busy and
  * Missing have their own functions) and a message. Returns `kind`. */
-int ctl_req_fail(ctl_req *req, ctl_kind kind, const char *fmt, ...) CTL_PRINTF(3, 4);
+CTL_API int ctl_req_fail(ctl_req *req, ctl_kind kind, const char *fmt, ...) CTL_PRINTF(3, 4);
 
 /* Fail with Busy and a reason such as "pinned" (copied). Returns CTL_BUSY. */
-int ctl_req_busy(ctl_req *req, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
+CTL_API int ctl_req_busy(ctl_req *req, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
 
 /* Fail with Missing naming `count` blob ids (copied). Returns CTL_MISSING. */
-int ctl_req_missing(ctl_req *req, const ctl_str *blobs, size_t count,
+CTL_API int ctl_req_missing(ctl_req *req, const ctl_str *blobs, size_t count,
                     const char *fmt, ...) CTL_PRINTF(4, 5);
 
 /* Fail with an error already built (copied). Returns its kind, or
  * CTL_PROTOCOL if `err` holds CTL_OK or a kind that cannot cross the wire
  * (its message is kept; it is sent as a Protocol error). */
-int ctl_req_fail_error(ctl_req *req, const ctl_error *err);
+CTL_API int ctl_req_fail_error(ctl_req *req, const ctl_error *err);
 
 #ifdef __cplusplus
 }

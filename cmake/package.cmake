@@ -1,0 +1,69 @@
+# Debian packages with CPack, one per install component (cmake/install.cmake):
+#
+#   libctlrpc0      runtime      the shared library
+#   libctlrpc-dev   development  headers, static library, ctlrpc-gen and its
+#                   + doc        templates, the CMake package, ctlrpc.pc, docs
+#   ctlrpc-storage  programs     ctl-storage-unit and ctl-storage
+#
+# Files are named ctlrpc-<package>_<version>_<arch>.deb (ctlrpc-storage
+# keeps its name), so `apt-get install ./ctlrpc*.deb` installs them all.
+# Build them with scripts/package.sh (configured with the prefix /usr).
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME ctlrpc)
+set(CPACK_PACKAGE_VENDOR "ctlrpc")
+set(CTLRPC_MAINTAINER "ctlrpc developers" CACHE STRING
+    "The Maintainer field of the Debian packages (name <email>)")
+set(CPACK_PACKAGE_CONTACT "${CTLRPC_MAINTAINER}")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "code-generated control-plane RPC over ZeroMQ and msgpack")
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_DEBIAN_PACKAGE_SECTION libs)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON) # dpkg-shlibdeps: libzmq5, libmsgpackc2, libc6
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+find_program(CTLRPC_DPKG dpkg)
+if(CTLRPC_DPKG)
+  execute_process(COMMAND ${CTLRPC_DPKG} --print-architecture
+                  OUTPUT_VARIABLE CPACK_DEBIAN_PACKAGE_ARCHITECTURE
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+endif()
+if(NOT CPACK_DEBIAN_PACKAGE_ARCHITECTURE)
+  set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE amd64)
+endif()
+set(_ctl_deb_tail "${PROJECT_VERSION}-1_${CPACK_DEBIAN_PACKAGE_ARCHITECTURE}.deb")
+
+# The doc component goes into the development package.
+set(CPACK_COMPONENTS_ALL runtime development doc)
+if(CTLRPC_EXAMPLES)
+  list(APPEND CPACK_COMPONENTS_ALL programs)
+endif()
+set(CPACK_COMPONENT_DOC_GROUP dev)
+set(CPACK_COMPONENT_DEVELOPMENT_GROUP dev)
+set(CPACK_COMPONENT_RUNTIME_GROUP runtime)
+set(CPACK_COMPONENT_PROGRAMS_GROUP programs)
+set(CPACK_COMPONENTS_GROUPING ONE_PER_GROUP)
+
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME libctlrpc0)
+set(CPACK_DEBIAN_RUNTIME_FILE_NAME "ctlrpc-libctlrpc0_${_ctl_deb_tail}")
+set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
+    "ctlrpc runtime library\n The shared library under ctlrpc's generated stubs and dispatch tables:\n ZeroMQ ROUTER/DEALER transport, msgpack envelopes, deadlines and fan-out.")
+
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libctlrpc-dev)
+set(CPACK_DEBIAN_DEV_FILE_NAME "ctlrpc-libctlrpc-dev_${_ctl_deb_tail}")
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
+    "libctlrpc0 (= ${PROJECT_VERSION}-1), libzmq3-dev, libmsgpack-dev, python3, python3-jinja2")
+set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "cmake, pkg-config")
+set(CPACK_DEBIAN_DEV_DESCRIPTION
+    "ctlrpc development files and the IDL compiler\n Headers, the static library, the CMake package (find_package(ctlrpc),\n ctlrpc_generate()), ctlrpc.pc, the generator ctlrpc-gen and the docs.")
+
+set(CPACK_DEBIAN_PROGRAMS_PACKAGE_NAME ctlrpc-storage)
+set(CPACK_DEBIAN_PROGRAMS_FILE_NAME "ctlrpc-storage_${_ctl_deb_tail}")
+set(CPACK_DEBIAN_PROGRAMS_PACKAGE_SECTION net)
+set(CPACK_DEBIAN_PROGRAMS_DESCRIPTION
+    "ctlrpc example storage service: unit and client\n ctl-storage-unit serves the storage service's control ops; ctl-storage calls\n them from a shell.")
+
+set(CPACK_OUTPUT_FILE_PREFIX "${PROJECT_BINARY_DIR}/debs")
+include(CPack)

@@ -1,0 +1,30 @@
+# ctlrpc's dependencies as targets: Threads::Threads, PkgConfig::ZMQ
+# (libzmq, through pkg-config) and msgpackc (msgpack-c). Used by the build
+# (runtime/CMakeLists.txt) and by ctlrpcConfig.cmake in an install, where
+# the static library's users need them too.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+if(NOT TARGET PkgConfig::ZMQ)
+  pkg_check_modules(ZMQ IMPORTED_TARGET GLOBAL libzmq)
+  if(NOT ZMQ_FOUND)
+    message(FATAL_ERROR "libzmq not found: install it (Debian: apt-get install libzmq3-dev)")
+  endif()
+endif()
+# msgpack-c 4 ships a CMake package "msgpack" with the target msgpackc; fall
+# back to a plain library search where the package config is missing.
+if(NOT TARGET msgpackc)
+  find_package(msgpack CONFIG QUIET)
+  if(TARGET msgpackc)
+    set_target_properties(msgpackc PROPERTIES IMPORTED_GLOBAL TRUE)
+  endif()
+endif()
+if(NOT TARGET msgpackc)
+  find_library(MSGPACKC_LIBRARY NAMES msgpackc msgpack-c)
+  find_path(MSGPACKC_INCLUDE_DIR msgpack.h)
+  if(NOT MSGPACKC_LIBRARY OR NOT MSGPACKC_INCLUDE_DIR)
+    message(FATAL_ERROR "msgpack-c not found: install it (Debian: apt-get install libmsgpack-dev)")
+  endif()
+  add_library(msgpackc UNKNOWN IMPORTED GLOBAL)
+  set_target_properties(msgpackc PROPERTIES IMPORTED_LOCATION "${MSGPACKC_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${MSGPACKC_INCLUDE_DIR}")
+endif()
