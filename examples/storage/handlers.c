@@ -14,6 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Each handler is declared with the function type generated for its op, so
+ * a definition that does not match the op in idl/storage.idl is a compile
+ * error (conflicting types), whatever the warning flags. */
+static storage_put_handler on_put;
+static storage_get_handler on_get;
+static storage_describe_handler on_describe;
+static storage_pin_handler on_pin;
+static storage_unpin_handler on_unpin;
+static storage_abort_handler on_abort;
+static storage_delete_handler on_delete;
+static storage_list_handler on_list;
+static storage_stats_handler on_stats;
 
 /* The absent keys of `keys`, as a Missing error; 0 when all are present. */
 static int check_present(storage_unit *u, const storage_list_str *keys, ctl_req *req)

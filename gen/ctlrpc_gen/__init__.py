@@ -6,6 +6,7 @@ Stages, each in its own module and testable alone:
     check           syntax tree -> validated, frozen model (model)
     render          model -> C files through jinja2 templates (the only stage that needs jinja2)
 
-diag carries locations and diagnostics through all of them; cli ties them together.
+diag carries locations and diagnostics through all of them; cli ties them together; version
+holds the version `ctlrpc-gen --version` prints.
 The language is documented in docs/IDL.md.
 """

@@ -8,7 +8,8 @@ reasons behind them, in docs/IDL.md; in brief:
 - The main file has exactly one `service`, first. Imported files hold only records and imports.
 - Names: unique in their scope, not differing from another only in case, usable as bare C
   identifiers (no C keyword or standard C name, no leading `_`, no `ctl_` prefix), and not
-  colliding with the names the generated code derives from the service name (GENERATED_NAMES).
+  colliding with the names the generated code derives from the service name (GENERATED_NAMES),
+  nor making it derive one name twice.
   Ops and records share one scope, since both become `<service>_<name>` in C.
 - Types resolve (with a suggestion when they do not), map keys are `str`, optionals do not nest,
   records are not empty and do not contain themselves without an optional, list or map on the way.
@@ -65,10 +66,11 @@ C_RESERVED = dict(
 # C names the render stage derives from `service S` (keep in step with render.py and
 # templates/): S_<fixed>; S_<op><suffix> for each op; and for each list, map or non-record
 # optional type used, S_<fragment> (see _c_fragment) and, for maps, S_<fragment>_entry. Ops and
-# records are themselves S_<name>, so none may equal one of these (compared ignoring case, like
-# all names). Static helpers are S__<...>, which no name can reach (names never start with '_').
+# records are themselves S_<name>, so none may equal one of these, and no two of these may be
+# equal (compared ignoring case, like all names). Static helpers are S__<...>, which no name
+# can reach (names never start with '_').
 GENERATED_NAMES = ("client", "server", "handlers", "serve", "service")
-OP_SUFFIXES = ("_args", "_args_init", "_many", "_outcome", "_outcomes_fini")
+OP_SUFFIXES = ("_args", "_args_init", "_many", "_outcome", "_outcomes_fini", "_handler")
 RECORD_SUFFIXES = ("_init",)
 
 
@@ -243,37 +245,89 @@ class _Checker:
 
     def check_generated_names(self, unique: List[Tuple[str, object]],
                               types: List[model.Type]) -> None:
-        """Ops and records whose C name the generated code already gives to something else."""
+        """Ops and records whose C name the generated code already gives to something else, and
+        two things for which the generated code would derive the same C name."""
         if self.service is None:
             return
         svc = self.service.name
-        # lower-case name -> what the generated code derives it from: None (always generated),
-        # an op node, or a type
-        derived: Dict[str, object] = {name: None for name in GENERATED_NAMES}
+        # lower-case name -> (what the generated code derives it from: None (always generated),
+        # an op or record node, or a type; the name as spelled)
+        derived: Dict[str, Tuple[object, str]] = {name: (None, name) for name in GENERATED_NAMES}
+        # (name, first origin, second origin) for names derived twice
+        twice: List[Tuple[str, object, object]] = []
+
+        def derive(name: str, origin: object) -> None:
+            first = derived.setdefault(name.lower(), (origin, name))[0]
+            if first is not origin:
+                twice.append((name, first, origin))
+
         for kind, node in unique:
             for suffix in OP_SUFFIXES if kind == "op" else RECORD_SUFFIXES:
-                derived.setdefault((node.name + suffix).lower(), node)
+                derive(node.name + suffix, node)
         for t in types:
             fragment = _c_fragment(t)
             if fragment is not None:
-                derived.setdefault(fragment.lower(), t)
+                derive(fragment, t)
                 if isinstance(t, model.MapOf):
-                    derived.setdefault(fragment.lower() + "_entry", t)
+                    derive(fragment + "_entry", t)
+
+        reported: Set[int] = set()
         for kind, node in unique:
             key = node.name.lower()
-            if key not in derived or derived[key] is node:
+            if key not in derived or derived[key][0] is node:
                 continue
-            origin = derived[key]
+            origin = derived[key][0]
             if origin is None:
                 why = "the generated code uses"
             elif isinstance(origin, (ast.Op, ast.Record)):
-                what = "op" if isinstance(origin, ast.Op) else "record"
-                why = (f"is generated for {what} '{origin.name}' "
-                       f"({origin.loc.where(node.loc.path)})")
+                reported.add(id(origin))
+                why = f"is generated for {self.describe(origin, node.loc.path)}"
             else:
                 why = f"is generated for type '{origin.idl}'"
+            reported.add(id(node))
             self.error(node.loc, f"{kind} '{node.name}' would be named '{svc}_{node.name}' in C, "
                                  f"which {why}")
+
+        # Two derived names can only meet where a declared name already equals a derived one
+        # (reported above) or where a type's name spells an op's or record's derived name: op
+        # 'list_put' and 'list<put_handler>' both give S_list_put_handler.
+        for name, first, second in twice:
+            if id(first) in reported or id(second) in reported:
+                continue
+            if first is None:
+                raise AssertionError(f"'{name}' is both a fixed and a derived name")
+            nodes = [o for o in (first, second) if isinstance(o, (ast.Op, ast.Record))]
+            types_ = [o for o in (first, second) if isinstance(o, model.Type)]
+            if nodes:
+                at = nodes[0]
+                mine = self.describe(at, None)
+            else:  # two types: report at the record the second one is made of
+                at = self.record_in(types_[1])
+                mine = f"type '{types_[0].idl}'"
+                types_ = types_[1:]
+            if at is None:
+                raise AssertionError(f"'{name}' derived twice, from no declared name")
+            other = types_[0]
+            rec = self.record_in(other)
+            of = ""
+            if rec is not None and rec is not at:
+                of = f" (record '{rec.name}', {rec.loc.where(at.loc.path)})"
+            self.error(at.loc, f"'{svc}_{name}' would be generated in C both for {mine} and for "
+                               f"type '{other.idl}'{of}; rename one of them")
+
+    def describe(self, node: object, path: Optional[str]) -> str:
+        """`op 'put'` or `record 'Blob'`, with where it is declared when `path` is given."""
+        what = "op" if isinstance(node, ast.Op) else "record"
+        where = f" ({node.loc.where(path)})" if path is not None else ""
+        return f"{what} '{node.name}'{where}"
+
+    def record_in(self, t: model.Type) -> Optional[ast.Record]:
+        """The declaration of the record a list, map or optional type is made of, if any."""
+        while not isinstance(t, (model.Scalar, model.RecordRef)):
+            t = model.children(t)[-1]
+        if isinstance(t, model.RecordRef) and t.name in self.record_decls:
+            return self.record_decls[t.name][1]
+        return None
 
     # -- types -------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
     ctlrpc-gen IDL -o OUTDIR     parse, check, render the C files into OUTDIR
     ctlrpc-gen IDL --check       parse and check only (needs no jinja2, writes nothing)
+    ctlrpc-gen --version         print `ctlrpc-gen X.Y.Z` (needs no jinja2)
 
 Exit status:
     0  success (warnings may have been printed)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from typing import List, Optional
@@ -24,6 +26,7 @@ from typing import List, Optional
 from .check import check
 from .diag import Diagnostics, FatalError
 from .parser import load_program
+from .version import __version__
 
 PROG = "ctlrpc-gen"
 
@@ -58,6 +61,8 @@ def _arguments() -> _ArgumentParser:
     p = _ArgumentParser(prog=PROG, description="Compile a ctlrpc IDL file into C client stubs "
                         "and server dispatch tables.", epilog=_EPILOG,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}",
+                   help="print the version and exit")
     p.add_argument("idl", metavar="IDL", help="the service's IDL file")
     p.add_argument("-o", "--out-dir", metavar="OUTDIR",
                    help="directory for the generated files (required unless --check)")
@@ -112,23 +117,40 @@ def _run(argv: Optional[List[str]]) -> int:
 # -- the render stage -------------------------------------------------------------------------
 #
 # ctlrpc_gen/render.py (model -> files through jinja2 templates) is imported only here, lazily,
-# so that --check works without jinja2. Its contract: render(model, out_dir) writes the
-# generated files, writing each only when its content changes, and raises FatalError for
-# problems the user must fix (e.g. an unwritable OUTDIR).
+# so that --check and --version work without jinja2. Its contract: render(model, out_dir)
+# writes the generated files, writing each only when its content changes, and raises FatalError
+# for problems the user must fix (e.g. an unwritable OUTDIR).
 
 
 def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str]) -> int:
     module = f"{__package__}.render"
     try:
         render = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and e.name == module:
             sys.stderr.write(f"{PROG}: note: {model.path} checked; the render stage is not "
                              "written yet, so no files were written\n")
             return 0
-        if e.name and e.name.split(".")[0] == "jinja2":
-            raise FatalError("rendering needs jinja2: install it (Debian: apt-get install "
-                             "python3-jinja2), or pass --check to only check the IDL")
+        if _from_jinja2(e):
+            why = (str(e).splitlines() or ["ImportError"])[0]
+            python = sys.executable or "this Python"
+            raise FatalError(f"rendering needs jinja2, which {python} cannot import ({why}): "
+                             "install it for that Python (Debian: apt-get install "
+                             "python3-jinja2), or pass --check to only check the IDL") from None
         raise
     render.render(model, out_dir, display_root=display_root, depfile=depfile)
     return 0
+
+
+def _from_jinja2(e: ImportError) -> bool:
+    """Whether an import error is jinja2's: jinja2 itself missing, or failing to import (it
+    raised, or lacks a module it needs, such as markupsafe)."""
+    if e.name and e.name.split(".")[0] in ("jinja2", "markupsafe"):
+        return True
+    tb = e.__traceback__
+    while tb is not None:
+        parts = os.path.normpath(tb.tb_frame.f_code.co_filename).split(os.sep)
+        if "jinja2" in parts[:-1]:
+            return True
+        tb = tb.tb_next
+    return False

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Dict, Iterable, List, Optional
 
 import jinja2
@@ -262,6 +263,11 @@ def comment_text(text: Optional[str]) -> List[str]:
 
 
 def write_if_changed(path: str, text: str) -> str:
+    """Write `text` to `path` unless it already holds exactly that. The bytes go to a temporary
+    file of its own in the same directory, renamed over `path` once complete: a reader (or a
+    build that stops midway) never sees half a file, and generator runs writing the same
+    directory at once never share a temporary file. The result has the mode a plain open()
+    would give a new file (0666 less the umask)."""
     data = text.encode()
     try:
         with open(path, "rb") as f:
@@ -271,14 +277,36 @@ def write_if_changed(path: str, text: str) -> str:
         pass
     except OSError as e:
         raise FatalError(f"cannot read {path}: {e.strerror}") from None
-    tmp = path + ".tmp"
+    directory, name = os.path.split(path)
+    tmp = None
     try:
-        with open(tmp, "wb") as f:
+        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
+        tmp = None
     except OSError as e:
         raise FatalError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return path
+
+
+_UMASK: Optional[int] = None
+
+
+def _umask() -> int:
+    """The process's umask (read once: os.umask can only be read by setting it)."""
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
 
 
 def write_depfile(depfile: str, outputs: Iterable[str], inputs: Iterable[str]) -> None:

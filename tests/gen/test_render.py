@@ -6,11 +6,15 @@ run anywhere. The C compile and round-trip tests of the generated code are in te
 
 import os
 import shutil
+import stat
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 
-from support import GOOD, REPO, STORAGE_IDL, run
+from support import GOOD, REPO, SCRIPT, STORAGE_IDL, run
 
 try:
     import jinja2  # noqa: F401
@@ -137,6 +141,70 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(status, 1)
         self.assertIn("ctlrpc-gen: error: cannot create output directory", err)
         self.assertNotIn("Traceback", err)
+
+    def test_outputs_have_a_plain_files_mode(self):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        out = self.gen(STORAGE_IDL, "s", "--depfile", os.path.join(self.tmp, "s.d"))
+        for path in (os.path.join(out, "storage.ctl.h"), os.path.join(out, "storage.ctl.c"),
+                     os.path.join(self.tmp, "s.d")):
+            self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o666 & ~mask, path)
+
+    def test_a_failed_write_leaves_no_temporary_file(self):
+        from ctlrpc_gen import render
+        out = os.path.join(self.tmp, "s")
+        with mock.patch.object(render.os, "replace", side_effect=OSError(28, "No space left")):
+            status, _, err = run([STORAGE_IDL, "-o", out])
+        self.assertEqual(status, 1)
+        self.assertIn("ctlrpc-gen: error: cannot write", err)
+        self.assertEqual(os.listdir(out), [])
+
+
+@unittest.skipUnless(HAVE_JINJA2, "jinja2 is not installed (Debian: python3-jinja2)")
+class ConcurrentRuns(unittest.TestCase):
+    """Generator processes writing one output directory (and one depfile) at once, as parallel
+    builds of several targets of one IDL do: each succeeds, the files are whole and the same as
+    one run's, and no temporary file is left."""
+
+    PROCESSES = 8
+    ROUNDS = 20
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="ctlrpc-race-")
+        self.addCleanup(shutil.rmtree, self.tmp)
+
+    def snapshot(self, out):
+        files = {}
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name), "rb") as f:
+                files[name] = f.read()
+        return files
+
+    def test_parallel_runs_agree_and_leave_no_temporary_files(self):
+        out = os.path.join(self.tmp, "out")
+        argv = [STORAGE_IDL, "-o", out, "--depfile", os.path.join(out, "storage.d")]
+        status, _, err = run(argv)
+        self.assertEqual(status, 0, err)
+        expected = self.snapshot(out)
+        self.assertEqual(sorted(expected), ["storage.ctl.c", "storage.ctl.h", "storage.d"])
+        for n in range(self.ROUNDS):
+            # Every other round starts from no outputs, the rest from stale ones: both make
+            # every run write.
+            for name in expected:
+                path = os.path.join(out, name)
+                if n % 2:
+                    with open(path, "wb") as f:
+                        f.write(b"stale\n")
+                else:
+                    os.unlink(path)
+            procs = [subprocess.Popen([sys.executable, SCRIPT, *argv], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+                     for _ in range(self.PROCESSES)]
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=60)
+                self.assertEqual((p.returncode, stdout, stderr), (0, b"", b""),
+                                 f"round {n}")
+            self.assertEqual(self.snapshot(out), expected, f"round {n}")
 
 
 if __name__ == "__main__":

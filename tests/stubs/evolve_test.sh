@@ -133,7 +133,7 @@ header=$(find "$bld" -path '*ctlrpc-gen/storage/storage.ctl.h' | head -n 1)
 [ -n "$header" ] || fail "no generated storage.ctl.h in $bld"
 # The stubs did evolve.
 for want in 'uint32_t ttl_s;' 'uint64_t created_ms;' 'uint64_t uptime_s;' \
-            '(*on_touch)' 'int storage_touch('; do
+            'storage_touch_handler *on_touch;' 'int storage_touch('; do
     grep -qF "$want" "$header" || fail "the generated header lacks '$want'"
 done
 

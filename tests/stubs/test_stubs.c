@@ -257,6 +257,17 @@ static void ev_state_fini(ev_state *st)
     pthread_mutex_destroy(&st->mu);
 }
 
+/* Each handler is declared with its generated type, as units should. */
+static everything_echo_handler on_echo;
+static everything_ping_handler on_ping;
+static everything_find_handler on_find;
+static everything_matrix_handler on_matrix;
+static everything_counters_handler on_counters;
+static everything_size_handler on_size;
+static everything_list_handler on_list;
+static everything_forget_handler on_forget;
+static everything_poke_handler on_poke;
+
 /* echo: the containers come back with two entries added from the other
  * args, so one result shows every arg arrived: names gains "tag" -> tag,
  * index gains "scalars" -> `repeat` copies of scalars, and maybe = note.
@@ -691,6 +702,16 @@ static int store_missing(store *s, const storage_list_str *keys, ctl_req *req)
              : 0;
 }
 
+static storage_put_handler st_put;
+static storage_get_handler st_get;
+static storage_describe_handler st_describe;
+static storage_pin_handler st_pin;
+static storage_unpin_handler st_unpin;
+static storage_abort_handler st_abort;
+static storage_delete_handler st_delete;
+static storage_list_handler st_list;
+static storage_stats_handler st_stats;
+
 static int st_put(void *ctx, const storage_put_args *a, uint64_t *result,
                   ctl_req *req)
 {
@@ -884,6 +905,8 @@ static bool same_f64(double a, double b)
 {
     return memcmp(&a, &b, sizeof a) == 0;
 }
+
+static defaults_tune_handler on_tune;
 
 /* Bit i is set when arg i holds its declared default (f64 bit for bit). */
 static int on_tune(void *ctx, const defaults_tune_args *a, uint64_t *result,
