@@ -55,10 +55,19 @@ subdir)
     [ -f "$where/runtime/cmake/ctlrpc_generate.cmake" ] || fail "$where is not a ctlrpc source tree"
     python_opt=()
     [ -n "${CTLRPC_PYTHON:-}" ] && python_opt=(-DCTLRPC_PYTHON="$CTLRPC_PYTHON")
-    # CTLRPC_TESTS=OFF: the test suite has no business in another project's build.
-    cmake -S "$here" -B "$build" -DCONSUMER_CTLRPC_SOURCE="$where" -DCTLRPC_TESTS=OFF \
+    cmake -S "$here" -B "$build" -DCONSUMER_CTLRPC_SOURCE="$where" \
         -DCMAKE_BUILD_TYPE=Release "${python_opt[@]}" || fail "configure (add_subdirectory($where))"
     cmake --build "$build" -j2 || fail "build"
+    # As a subproject ctlrpc builds its library and nothing else: no tests, benchmarks,
+    # fuzzers or examples, no cmocka, and its warnings are not errors (this script's own
+    # CFLAGS may still say -Werror: the consumer's code must build cleanly).
+    targets=$(cmake --build "$build" --target help)
+    for t in test_client test_storage ctl-bench ctl-storage-unit ctl-storage fuzz_envelope; do
+        ! grep -qw -- "$t" <<<"$targets" || fail "the subproject build defines target $t"
+    done
+    ! grep -qi cmocka "$build/CMakeCache.txt" || fail "the subproject build looked for cmocka"
+    grep -qx 'CTLRPC_WERROR:BOOL=OFF' "$build/CMakeCache.txt" ||
+        fail "the subproject build turns ctlrpc's warnings into errors (CTLRPC_WERROR)"
     ;;
 *)
     usage

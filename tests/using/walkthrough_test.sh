@@ -117,24 +117,11 @@ target_link_libraries(count-client PRIVATE storage_stubs)
 target_compile_options(count-client PRIVATE ${CTLRPC_WARNINGS})
 EOF
 
-# The handler is declared with its generated type (storage_count_handler). A generator that
-# predates handler types gets that one typedef here, in the copy, so that the rest of the page
-# is still checked; once the generator declares handler types, the page's name must be its.
+# The handler is declared with its generated type: the page must name it as the generator does.
 "$python" "$src/gen/ctlrpc-gen" "$src/idl/storage.idl" -o "$work/probe" > "$log" 2>&1 ||
     { cat "$log" >&2; fail "ctlrpc-gen rejects idl/storage.idl with the walk-through's op"; }
-if ! grep -q 'typedef int storage_count_handler(' "$work/probe/storage.ctl.h"; then
-    if grep -qE 'typedef int storage_[a-z_]+_handler\(' "$work/probe/storage.ctl.h"; then
-        fail "the generated header declares handler types, but no storage_count_handler:" \
-             "docs/USING.md names the type wrong"
-    fi
-    echo "NOTE: this ctlrpc-gen declares no handler types; storage_count_handler is" \
-         "declared by the test" >&2
-    cat > "$work/shim" <<'EOF'
-typedef int storage_count_handler(void *ctx, const storage_count_args *args, uint64_t *result,
-                                  ctl_req *req);
-EOF
-    insert after '^#include "storage.ctl.h"' "$work/shim" "$src/examples/storage/handlers.h"
-fi
+grep -q 'typedef int storage_count_handler(' "$work/probe/storage.ctl.h" ||
+    fail "the generated header declares no storage_count_handler: docs/USING.md names the type wrong"
 
 # ---- build -------------------------------------------------------------------------
 config=(-G "$generator" -S "$src" -B "$bld" -DCMAKE_BUILD_TYPE=RelWithDebInfo
