@@ -37,18 +37,25 @@ fail() {
 }
 
 # ---- build ------------------------------------------------------------------
+# The library directory of a prefix: lib/, or lib/<multiarch>/ as on Debian's /usr.
+libdir=
+for d in "$where"/lib "$where"/lib/*-linux-gnu* "$where"/lib64; do
+    [ -f "$d/pkgconfig/ctlrpc.pc" ] && { libdir=$d; break; }
+done
+
 case $mode in
 cmake)
-    [ -d "$where/lib/cmake/ctlrpc" ] || fail "$where has no lib/cmake/ctlrpc (not a ctlrpc prefix?)"
+    [ -n "$libdir" ] && [ -d "$libdir/cmake/ctlrpc" ] ||
+        fail "$where has no lib/cmake/ctlrpc (not a ctlrpc prefix?)"
     cmake -S "$here" -B "$build" -DCMAKE_PREFIX_PATH="$where" -DCMAKE_BUILD_TYPE=Release \
         || fail "configure (find_package(ctlrpc) in $where)"
     cmake --build "$build" -j2 || fail "build"
     ;;
 make)
-    [ -f "$where/lib/pkgconfig/ctlrpc.pc" ] || fail "$where has no lib/pkgconfig/ctlrpc.pc"
-    export PKG_CONFIG_PATH="$where/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    [ -n "$libdir" ] || fail "$where has no lib/pkgconfig/ctlrpc.pc (not a ctlrpc prefix?)"
+    export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export PATH="$where/bin:$PATH"
-    export LD_LIBRARY_PATH="$where/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     make -f "$here/Makefile" BUILD="$build" || fail "make"
     ;;
 subdir)
