@@ -11,7 +11,7 @@ Wire facts live here, computed once, never in templates:
   'str', 'bin', 'array', 'map'); `Type.nullable`: whether nil is accepted and written for absence.
   A record is a msgpack map keyed by field name; its decoder skips keys it does not declare (so
   a record can gain fields without breaking older readers; an op's args map, by contrast,
-  rejects unknown keys, as PROTOCOL.md says). Integers are written in the smallest encoding;
+  rejects unknown keys, as docs/PROTOCOL.md says). Integers are written in the smallest encoding;
   decoders accept any integer width that holds the value and reject values out of the type's range.
   An f64 is written as float64; its decoder also accepts float32 and integers.
 - `Op.no_reply`: notify ops, for which the unit sends nothing back.

@@ -3,7 +3,7 @@
  * (internal to libctlrpc; server.c, tests and fuzz targets use it).
  *
  * A ctl_dispatch is everything a unit does with one received message that
- * does not need a socket: the frame checks (PROTOCOL.md, "Transport"), the
+ * does not need a socket: the frame checks (docs/PROTOCOL.md, "Transport"), the
  * bounded envelope decode, the op lookup in a name-sorted index, the
  * handler call under the unit's lock, and the packing of the result or of
  * the error map. It imports no libzmq: the transport (server.c) reads the

@@ -3,7 +3,7 @@
  * libctlrpc; the cores, tests and fuzz targets use it).
  *
  * Requests are [op: str, id: str, args: map], replies [id: str, ok: bool,
- * result-or-error-map] (PROTOCOL.md, "Messages"). This module owns both
+ * result-or-error-map] (docs/PROTOCOL.md, "Messages"). This module owns both
  * directions of both: the one request framer (ctl_frame), the reply head
  * and error map packers, and the bounded decoders. Decoding reads an
  * envelope's head by hand (cheaper than unpacking it, and it tells a

@@ -32,7 +32,7 @@
  *
  * What must hold for every message (else the target aborts):
  *   - a reply comes exactly when the protocol says one is due: the framing
- *     is usable, the payload has an op and an id (PROTOCOL.md "Malformed
+ *     is usable, the payload has an op and an id (docs/PROTOCOL.md "Malformed
  *     input"), and the op is not a notify; dropped messages are counted
  *     as dropped, the others as requests;
  *   - the reply keeps the request's framing: the core asks for the empty

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tests/fuzz/make_corpus.py [OUT_DIR]
 
-Seeds are valid messages of idl/storage.idl and PROTOCOL.md (plus a few
+Seeds are valid messages of idl/storage.idl and docs/PROTOCOL.md (plus a few
 near misses), framed as fuzz.h and each target's opening comment describe.
 The output is deterministic; the files are small and kept in the repository,
 so run this again only when the protocol or the IDL changes.

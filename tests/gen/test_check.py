@@ -30,7 +30,7 @@ EVERYTHING = os.path.join(support.GOOD, "everything.idl")
 
 
 class Storage(unittest.TestCase):
-    """idl/storage.idl matches the contract of STORAGE.md."""
+    """idl/storage.idl matches the contract of docs/STORAGE.md."""
 
     def setUp(self):
         self.m, diags = load(support.STORAGE_IDL)

@@ -1,4 +1,4 @@
-"""A small Python peer of the control plane, written from PROTOCOL.md alone.
+"""A small Python peer of the control plane, written from docs/PROTOCOL.md alone.
 
 Shared by the interop tests: a DEALER client that speaks the wire contract
 ([op, id, args] in, [id, ok, result_or_error] out, msgpack with bin for

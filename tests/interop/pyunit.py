@@ -1,4 +1,4 @@
-"""A storage unit in Python, written from PROTOCOL.md and STORAGE.md alone.
+"""A storage unit in Python, written from docs/PROTOCOL.md and docs/STORAGE.md alone.
 
     pyunit.py --bind tcp://127.0.0.1:0 [--capacity BYTES] [--spill-dir DIR]
 

@@ -7,7 +7,7 @@ The second form runs the same checks against the Python unit (pyunit.py),
 so the peer that the C client is tested against meets the same contract.
 
 Calls every op of the storage service as a peer in another language would,
-by its contract names (STORAGE.md), and checks the results and the exact
+by its contract names (docs/STORAGE.md), and checks the results and the exact
 error maps ({kind, msg, reason, blobs}) for every kind: UnitFull, Busy,
 Missing and Protocol (bad args, unknown op). Also: notifies are never
 answered (even with bad args), the empty request id is echoed, a REQ-style

@@ -5,7 +5,7 @@
  * A hand-written service (no generated code) is served by a ctl_dispatch
  * fed plain buffers as the transport would hand them over (ctl_inbound).
  * Requests are packed with msgpack-c by hand and every reply is compared
- * byte for byte with one packed here the way PROTOCOL.md describes it, so
+ * byte for byte with one packed here the way docs/PROTOCOL.md describes it, so
  * the core is checked against the protocol, not against the runtime's own
  * packers. Handlers run on the test's thread.
  */
@@ -317,7 +317,7 @@ static void want_head(fx *f, ctl_str id, bool ok)
         msgpack_pack_false(&f->want.pk);
 }
 
-/* f->want := [id, false, {kind, msg, reason, blobs}], in PROTOCOL.md's
+/* f->want := [id, false, {kind, msg, reason, blobs}], in docs/PROTOCOL.md's
  * key order, nil for an absent reason or blob list. */
 static void want_error(fx *f, ctl_str id, const char *kind, const char *msg,
                        const char *reason, const ctl_str *blobs, size_t n)

@@ -4,7 +4,7 @@
  *
  * The error-map tests pack maps with the runtime (tu_pack_error_map)
  * and also by hand with msgpack-c, so both directions are checked against
- * PROTOCOL.md rather than against each other only. Allocation failures are
+ * docs/PROTOCOL.md rather than against each other only. Allocation failures are
  * injected through malloc/calloc/realloc wrappers (the executable is linked
  * with -Wl,--wrap; see the end of this file).
  */
@@ -319,7 +319,7 @@ static void test_error_map_roundtrip_unit_full(void **state)
                                              "no room for 12 bytes", NULL, NULL, 0),
                      0);
     msgpack_object body = unpack_buf(f);
-    /* Exactly the four keys of PROTOCOL.md. */
+    /* Exactly the four keys of docs/PROTOCOL.md. */
     assert_int_equal(body.type, MSGPACK_OBJECT_MAP);
     assert_int_equal(body.via.map.size, 4);
     assert_true(tu_obj_is_str(tu_obj_get(&body, "kind"), "UnitFull"));

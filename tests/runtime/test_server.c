@@ -2,7 +2,7 @@
  * test_server.c - the ROUTER server seen from raw ZeroMQ peers (server.h).
  *
  * Requests here are packed with msgpack-c and sent over plain libzmq
- * DEALER and REQ sockets, so what is checked is the wire of PROTOCOL.md, not
+ * DEALER and REQ sockets, so what is checked is the wire of docs/PROTOCOL.md, not
  * agreement with the runtime's own client. Every wait is bounded: "nothing
  * came back" is checked by polling for a fixed window.
  */

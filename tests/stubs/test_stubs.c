@@ -19,7 +19,7 @@
  * call_int.h) are driven with plain buffers. Hand-packed requests go
  * through a ctl_dispatch serving everything_service (and storage_service),
  * and every refusal is checked byte for byte against the error map
- * PROTOCOL.md describes, naming the exact spot ("arg
+ * docs/PROTOCOL.md describes, naming the exact spot ("arg
  * tree.children[1].label: expected str, got int"), then read back by the
  * call core as a client would. Hand-packed replies go through
  * ctl_call_accept and ctl_stub_decode_result, whose "bad reply: result..."
@@ -2405,7 +2405,7 @@ static ctl_verdict core_call(fx *f, const char *op)
 }
 
 /* The reply in `out` must be exactly [CORE_ID, false, {kind: "Protocol",
- * msg, reason: nil, blobs: nil}] (PROTOCOL.md, "Errors"): it is read and
+ * msg, reason: nil, blobs: nil}] (docs/PROTOCOL.md, "Errors"): it is read and
  * packed again here with msgpack-c alone, and compared byte for byte.
  * `msg` receives the unit's message. */
 static void reply_is_protocol(const msgpack_sbuffer *out, char *msg,
@@ -2446,7 +2446,7 @@ static void reply_is_protocol(const msgpack_sbuffer *out, char *msg,
                 memcmp(out->data, want.sb.data, want.sb.size) == 0;
     tu_buf_fini(&want);
     if (!same)
-        fail_msg("the refusal '%s' is not packed as PROTOCOL.md's error map", msg);
+        fail_msg("the refusal '%s' is not packed as docs/PROTOCOL.md's error map", msg);
 }
 
 /* The call core's reading of the refusal in `out`: a remote Protocol
@@ -2873,7 +2873,7 @@ static void test_core_bad_notify(void **state)
 }
 
 /* The generated serve packs results and the handlers' typed errors exactly
- * as PROTOCOL.md says, to a ROUTER peer and to a REQ peer alike. */
+ * as docs/PROTOCOL.md says, to a ROUTER peer and to a REQ peer alike. */
 static void test_core_replies_exact(void **state)
 {
     fx *f = *state;
@@ -2902,7 +2902,7 @@ static void test_core_replies_exact(void **state)
     expect_ok_reply(&f->core.out, &want);
 
     /* Typed errors: UnitFull, Busy with its reason, Missing with its blobs
-     * (NUL and UTF-8 inside kept), each map key in PROTOCOL.md's order. */
+     * (NUL and UTF-8 inside kept), each map key in docs/PROTOCOL.md's order. */
     static const struct {
         const char *tag, *kind, *msg, *reason;
         bool blobs;

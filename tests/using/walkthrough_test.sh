@@ -66,7 +66,7 @@ done
 
 # ---- the copy, changed as the page says ---------------------------------------------
 mkdir -p "$src"
-for d in CMakeLists.txt runtime gen idl examples tests; do
+for d in CMakeLists.txt cmake man README.md docs runtime gen idl examples tests; do
     cp -R "$root/$d" "$src/"
 done
 

@@ -2,7 +2,7 @@
  * ctlrpc/client.h - calling storage units: call, call_many and notify.
  *
  * A ctl_client talks to units over DEALER sockets lent by a per-address pool
- * (PROTOCOL.md, "Transport"). One request is in flight per socket. A socket
+ * (docs/PROTOCOL.md, "Transport"). One request is in flight per socket. A socket
  * goes back to the pool only after a complete reply carrying its request's
  * own id; after a timeout, a reply for another id, or a transport or decode
  * failure it is retired and never lent again, so a late reply can never

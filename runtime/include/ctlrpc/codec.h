@@ -7,7 +7,7 @@
  * their args and pack their results with these helpers; generated code
  * uses them through the descriptors of ctlrpc/gen.h.
  *
- * Messages are msgpack (PROTOCOL.md, "Messages"). Decoding goes through a
+ * Messages are msgpack (docs/PROTOCOL.md, "Messages"). Decoding goes through a
  * bounded scan (ctl_wire_check) before msgpack-c builds any object, so that
  * a hostile header claiming a 4 GiB array is refused without allocating:
  * every container's count is checked against the bytes left (each element

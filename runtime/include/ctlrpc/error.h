@@ -3,7 +3,7 @@
  *
  * Every fallible function in libctlrpc returns 0 on success or a negative
  * ctl_kind, and fills a caller-owned ctl_error with the details. The kinds
- * are the ones of the wire (PROTOCOL.md, "Errors") plus two that never
+ * are the ones of the wire (docs/PROTOCOL.md, "Errors") plus two that never
  * cross it:
  *
  *   CTL_UNIT_FULL  remote "UnitFull": a put did not fit.

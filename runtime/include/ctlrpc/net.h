@@ -1,7 +1,7 @@
 /*
  * ctlrpc/net.h - the node's address and endpoint strings.
  *
- * A unit's address is "tcp://host:port" (PROTOCOL.md, "Addresses and node
+ * A unit's address is "tcp://host:port" (docs/PROTOCOL.md, "Addresses and node
  * IP"). ctl_endpoint_parse is the one place that decides what is a valid
  * endpoint; the server and the client both use it, so a bad address fails
  * early with a message naming it instead of deep inside ZeroMQ.
