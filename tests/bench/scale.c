@@ -264,6 +264,33 @@ static uint64_t mem_available_kib(void)
     return kib;
 }
 
+/* TcpExt ListenOverflows of /proc/net/netstat: connections the kernel
+ * could not queue because a listener's accept queue was full (for the
+ * whole machine; the client retries them with SYNs after 1 s, 3 s, ...).
+ * -1 when it cannot be read. */
+static long long listen_overflows(void)
+{
+    char names[4096], values[4096];
+    long long v = -1;
+    FILE *f = fopen("/proc/net/netstat", "r");
+    if (!f)
+        return -1;
+    while (fgets(names, sizeof names, f) && fgets(values, sizeof values, f)) {
+        if (strncmp(names, "TcpExt:", 7) != 0)
+            continue;
+        char *ns = NULL, *vs = NULL;
+        char *n = strtok_r(names, " \n", &ns), *x = strtok_r(values, " \n", &vs);
+        while (n && x) {
+            if (strcmp(n, "ListenOverflows") == 0)
+                v = strtoll(x, NULL, 10);
+            n = strtok_r(NULL, " \n", &ns);
+            x = strtok_r(NULL, " \n", &vs);
+        }
+    }
+    fclose(f);
+    return v;
+}
+
 /* ---- children ----------------------------------------------------------- */
 
 /* A child run of this program, talked to through its stdin and stdout. */
@@ -1364,6 +1391,7 @@ static int case_clients(void)
     int fd0 = 0, fd1 = 0, fd2 = 0;
     size_t rss0 = 0, rss1 = 0, rss2 = 0;
     uint64_t requests0 = 0;
+    long long overflows0 = -1, overflows = -1;
     ctl_error_init(&err);
     unit.pid = 0;
     unit.out_fd = -1;
@@ -1431,6 +1459,7 @@ static int case_clients(void)
             goto out;
         }
     }
+    overflows0 = listen_overflows();
     double t0 = now_s();
     for (int i = 0; i < nk; i++)
         kid_say(&kids[i], "go\n");
@@ -1450,6 +1479,8 @@ static int case_clients(void)
         max = c > max ? c : max;
     }
     elapsed = now_s() - t0;
+    if (overflows0 >= 0 && listen_overflows() >= 0)
+        overflows = listen_overflows() - overflows0;
     fd1 = up_count_fds(unit.pid);
     rss1 = up_rss_kib(unit.pid);
     for (int i = 0; i < nk; i++)
@@ -1489,10 +1520,10 @@ out:
         return -1;
     printf("\n## clients: %d clients (one thread and one ctl_client each, %d processes) "
            "connecting at once to one ctl-storage-unit, %d calls each\n\n", total, nk, calls);
-    printf("| calls answered | wall s | call p50 us | call p99 us | call max us | unit "
-           "open-file limit |\n|---:|---:|---:|---:|---:|---:|\n");
-    printf("| %d of %d | %.2f | %.0f | %.0f | %.0f | %llu (started with 1024) |\n\n", ok,
-           total * calls, elapsed, median(p50s, nk), p99, max, unit_nofile);
+    printf("| calls answered | wall s | call p50 us | call p99 us | call max us | listen "
+           "overflows | unit open-file limit |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| %d of %d | %.2f | %.0f | %.0f | %.0f | %lld | %llu (started with 1024) |\n\n",
+           ok, total * calls, elapsed, median(p50s, nk), p99, max, overflows, unit_nofile);
     printf("| unit | before | all connected | after they left | per connection |\n"
            "|---|---:|---:|---:|---:|\n");
     printf("| open files | %d | %d | %d | %.2f |\n", fd0, fd1, fd2,
@@ -1500,7 +1531,8 @@ out:
     printf("| RSS KiB | %zu | %zu | %zu | %.1f |\n", rss0, rss1, rss2,
            ((double)rss1 - (double)rss0) / (double)total);
     printf("\n(p50: the median of the processes' p50s; p99 and max: the largest; the first "
-           "call of each client includes its connection)\n");
+           "call of each client includes its connection; listen overflows: TcpExt "
+           "ListenOverflows of /proc/net/netstat over the calls, machine-wide)\n");
     fflush(stdout);
     return rc;
 }
