@@ -11,6 +11,9 @@
  *
  * Prints its bound endpoint as the first line of stdout, serves until
  * SIGINT or SIGTERM, then shuts down cleanly (spill files are removed).
+ * Every client connection costs the unit a file descriptor, so it raises
+ * its soft RLIMIT_NOFILE to the hard limit at start (the usual soft limit
+ * of 1024 would refuse clients beyond about a thousand).
  *
  * The service itself is in handlers.c; this file is the program around
  * it: options, keys, signals.
@@ -26,8 +29,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "handlers.h"
+
+/* Allow as many open files as the hard limit does: one per connection. */
+static void raise_nofile_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        fprintf(stderr, "ctl-storage-unit: cannot raise the open-file limit to "
+                "%llu: %s\n", (unsigned long long)rl.rlim_max, strerror(errno));
+}
 
 static void usage(FILE *f)
 {
@@ -182,6 +198,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+
+    raise_nofile_limit();
 
     /* Signals are taken synchronously by this thread (sigwait below); block
      * them before any thread starts so none of them gets one. */

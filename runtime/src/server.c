@@ -36,6 +36,11 @@
 #include "transport_int.h"
 #include "util_int.h"
 
+/* The ROUTER's listen backlog: connections the kernel queues for the I/O
+ * thread to accept. libzmq's default of 100 makes clients that connect all
+ * at once beyond it wait for SYN retransmissions (1 s, 3 s, 7 s, ...); the
+ * kernel caps this at net.core.somaxconn. */
+#define LISTEN_BACKLOG 4096
 /* Replies at least this large go to ZeroMQ without a copy. */
 #define ZERO_COPY_MIN ((size_t)32 * 1024)
 /* Messages handled per wake-up before the close pipe is looked at again. */
@@ -357,13 +362,14 @@ int ctl_server_new(const ctl_service *service, void *user,
         free_server(s);
         return rc;
     }
-    int zero = 0, one = 1;
+    int zero = 0, one = 1, backlog = LISTEN_BACKLOG;
     int64_t maxmsg = s->core.limits.max_msg_bytes > INT64_MAX
                          ? INT64_MAX
                          : (int64_t)s->core.limits.max_msg_bytes;
     zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s->router, ZMQ_BACKLOG, &backlog, sizeof backlog);
     if (opts && opts->curve_secret_key &&
         (rc = setup_curve(s, opts, addr, err)) != 0) {
         free_server(s);

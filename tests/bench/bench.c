@@ -21,7 +21,8 @@
  *   fanout      storage_stats_many over 1, 4, 16 units vs the same fan-out
  *               (send all, then collect) to as many echo servers: batch
  *               p50/p99.
- *   blobs       put then get of 64 KiB, 1 MiB, 8 MiB through the stubs vs
+ *   blobs       put then get of 64 KiB, 1 MiB, 8 MiB (or the sizes of
+ *               --blob-sizes; ctl-scale runs it up to 64 MiB) through the stubs vs
  *               one echo round trip of a message that size (both move the
  *               payload once each way): MB/s of payload moved; for
  *               information also vs the same two round trips over bare
@@ -62,6 +63,8 @@
 
 #include <zmq.h>
 
+#include "store.h"
+
 #define CALL_TIMEOUT_MS 30000
 #define MAX_ROUNDS 101
 #define MAX_UNITS 16
@@ -101,6 +104,7 @@ typedef struct config {
     size_t py_calls;     /* calls per round, Python small case */
     size_t batches;      /* batches per round, fan-out */
     size_t blob_budget;  /* payload bytes per round and side, blobs */
+    char blob_sizes_arg[128]; /* --blob-sizes as given (for the copy count) */
     unsigned cases;
     char tmpdir[256];
 } config;
@@ -1013,7 +1017,10 @@ out:
 
 /* ---- case: blobs -------------------------------------------------------- */
 
-static const size_t blob_sizes[] = {64u << 10, 1u << 20, 8u << 20};
+/* The blob sizes, ascending (--blob-sizes; default 64 KiB, 1 MiB, 8 MiB). */
+#define MAX_BLOB_SIZES 8
+static size_t blob_sizes[MAX_BLOB_SIZES] = {64u << 10, 1u << 20, 8u << 20};
+static size_t n_blob_sizes = 3;
 
 static const char *size_name(size_t size, char *buf, size_t len)
 {
@@ -1068,7 +1075,7 @@ static int copy_count_child(void)
     ctl_error err;
     char why[256];
     int rc = 1;
-    size_t max = blob_sizes[sizeof blob_sizes / sizeof blob_sizes[0] - 1];
+    size_t max = blob_sizes[n_blob_sizes - 1];
     unsigned char *data = blob_data(max);
     ctl_error_init(&err);
     bench_cc_init();
@@ -1084,7 +1091,7 @@ static int copy_count_child(void)
     if (ctl_client_new(NULL, &client, &err) != 0 || !(ectx = zmq_ctx_new()) ||
         !(sock = echo_dial(ectx, bench_echo_endpoint(echo))))
         goto out;
-    for (size_t k = 0; k < sizeof blob_sizes / sizeof blob_sizes[0]; k++) {
+    for (size_t k = 0; k < n_blob_sizes; k++) {
         size_t size = blob_sizes[k];
         const char *address = bench_unit_endpoint(unit);
         cc_result res[3];
@@ -1154,7 +1161,9 @@ static void copy_counts(void)
     envp[n++] = preload;
     envp[n] = NULL;
     snprintf(log_path, sizeof log_path, "%s/copycount.out", cfg.tmpdir);
-    char *argv[] = {self, (char *)"--copy-count-child", NULL};
+    /* The child counts the sizes this run measures. */
+    char *argv[] = {self, (char *)"--blob-sizes", cfg.blob_sizes_arg,
+                    (char *)"--copy-count-child", NULL};
     progress("blobs: counting copies (child run under %s)", CTL_BENCH_COPYCOUNT_SO);
     if (bench_run(argv, envp, log_path, &secs, why, sizeof why) != 0) {
         fail("copy count: %s", why);
@@ -1168,7 +1177,7 @@ static void copy_counts(void)
         return;
     }
     /* per size: put, get, echo x side x origin, in payload copies */
-    double c[3][3][CC_SIDES][CC_ORIGINS] = {{{{0}}}};
+    double c[MAX_BLOB_SIZES][3][CC_SIDES][CC_ORIGINS] = {{{{0}}}};
     int seen = 0;
     char line[512];
     while (fgets(line, sizeof line, f)) {
@@ -1187,12 +1196,12 @@ static void copy_counts(void)
             p = end;
         }
         int k = -1, o = -1;
-        for (int i = 0; i < 3; i++) {
+        for (size_t i = 0; i < n_blob_sizes; i++)
             if (size == blob_sizes[i])
-                k = i;
+                k = (int)i;
+        for (int i = 0; i < 3; i++)
             if (strcmp(op, cc_ops[i]) == 0)
                 o = i;
-        }
         if (!ok || k < 0 || o < 0)
             continue;
         for (int s = 0; s < CC_SIDES; s++)
@@ -1201,12 +1210,13 @@ static void copy_counts(void)
         seen++;
     }
     fclose(f);
-    if (seen != 9) {
-        fail("copy count: the child printed %d of 9 lines (see %s)", seen, log_path);
+    if (seen != 3 * (int)n_blob_sizes) {
+        fail("copy count: the child printed %d of %d lines (see %s)", seen,
+             3 * (int)n_blob_sizes, log_path);
         return;
     }
     group("payload copies per byte, put+get vs echo, counted (rpc = runtime+stubs, zmq = libzmq)");
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < (int)n_blob_sizes; k++) {
         char label[40], sz[24];
         size_name(blob_sizes[k], sz, sizeof sz);
         for (int s = 0; s < CC_SIDES; s++) {
@@ -1225,7 +1235,7 @@ static void copy_counts(void)
          "and books each call of >= payload/2 bytes by thread (client or server side) and by "
          "the object that called it (dladdr of the return address). One put, one get, one echo "
          "per size, after a warm-up. Kernel copies (send/recv) are not counted; both sides pay them.");
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < (int)n_blob_sizes; k++) {
         char sz[24];
         size_name(blob_sizes[k], sz, sizeof sz);
         note("copies %-7s put: client rpc %.2f zmq %.2f other %.2f | server rpc %.2f zmq %.2f "
@@ -1326,7 +1336,7 @@ static int case_blobs(void)
     ctl_error err;
     char why[256];
     int rc = -1;
-    size_t max = blob_sizes[sizeof blob_sizes / sizeof blob_sizes[0] - 1];
+    size_t max = blob_sizes[n_blob_sizes - 1];
     unsigned char *data = blob_data(max);
     ctl_error_init(&err);
     group("large blobs: put then get (baseline: echo of a message that size; "
@@ -1353,7 +1363,7 @@ static int case_blobs(void)
         goto out;
     }
     ec.buf = bp.buf = data;
-    for (size_t k = 0; k < sizeof blob_sizes / sizeof blob_sizes[0]; k++) {
+    for (size_t k = 0; k < n_blob_sizes; k++) {
         size_t size = blob_sizes[k];
         blob_call bc = {client, bench_unit_endpoint(unit), data, size};
         size_t cycles = cfg.blob_budget / size;
@@ -1408,7 +1418,8 @@ static int case_blobs(void)
     note("blobs: the echo moves the payload up and back in one round trip, put+get in two "
          "(and the stubs' ones carry the envelope); 'vs put+get' is the same two round trips "
          "over bare ZeroMQ with no copy (a ROUTER that keeps the message and sends it back). "
-         "For scale, memcpy of 8 MiB here: %.0f MB/s.", memcpy_mbs(max));
+         "For scale, memcpy of %s here: %.0f MB/s.", size_name(max, why, sizeof why),
+         memcpy_mbs(max));
     rc = 0;
 out:
     if (ec.sock)
@@ -1653,6 +1664,8 @@ static void usage(FILE *f)
             "  --rounds N      rounds per case, alternating case and baseline\n"
             "                  (default 5, --quick 2)\n"
             "  --seconds S     length of one throughput trial (default 2, --quick 0.2)\n"
+            "  --blob-sizes L  the blobs case's sizes, comma-separated and ascending\n"
+            "                  (default 64K,1M,8M; up to 8, from 1K to 1G)\n"
             "  --help          this text\n"
             "\n"
             "Cases:\n"
@@ -1661,7 +1674,8 @@ static void usage(FILE *f)
             "  throughput  one unit, 1/4/16 client threads (one shared ctl_client) vs\n"
             "              the echo server: calls/s, server CPU s per 10k calls\n"
             "  fanout      stats_many over 1/4/16 units vs the same fan-out to echoes\n"
-            "  blobs       put+get of 64 KiB, 1 MiB, 8 MiB vs an echo of that size,\n"
+            "  blobs       put+get of 64 KiB, 1 MiB, 8 MiB (--blob-sizes) vs an echo\n"
+            "              of that size,\n"
             "              MB/s, and payload copies counted per side (not in\n"
             "              sanitizer builds)\n"
             "  gen         ctlrpc-gen + cc -c of a 200-op IDL vs idl/storage.idl\n"
@@ -1670,6 +1684,38 @@ static void usage(FILE *f)
             "\n"
             "Every server runs on 127.0.0.1. (--copy-count-child is internal: the\n"
             "child run that the blobs case starts under the copy-counting shim.)\n");
+}
+
+/* --blob-sizes: comma-separated sizes ("64K,1M,64M"), ascending, each from
+ * 1 KiB to 1 GiB. */
+static int parse_blob_sizes(const char *text)
+{
+    char buf[128];
+    size_t n = 0;
+    if (strlen(text) >= sizeof buf) {
+        fprintf(stderr, "ctl-bench: --blob-sizes '%s' is too long\n", text);
+        return -1;
+    }
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+         t = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (store_parse_size(t, &v) != 0 || v < 1024 || v > ((uint64_t)1 << 30) ||
+            n == MAX_BLOB_SIZES || (n > 0 && v <= blob_sizes[n - 1])) {
+            fprintf(stderr, "ctl-bench: --blob-sizes '%s': '%s' is not a size from 1K "
+                    "to 1G larger than the one before (at most %d sizes)\n", text, t,
+                    MAX_BLOB_SIZES);
+            return -1;
+        }
+        blob_sizes[n++] = (size_t)v;
+    }
+    if (n == 0) {
+        fprintf(stderr, "ctl-bench: --blob-sizes '%s' names no size\n", text);
+        return -1;
+    }
+    n_blob_sizes = n;
+    snprintf(cfg.blob_sizes_arg, sizeof cfg.blob_sizes_arg, "%s", text);
+    return 0;
 }
 
 static int parse_cases(const char *text, unsigned *out)
@@ -1737,6 +1783,7 @@ int main(int argc, char **argv)
         {"rounds", required_argument, NULL, 'r'},
         {"seconds", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
+        {"blob-sizes", required_argument, NULL, 'B'},
         {"copy-count-child", no_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
@@ -1767,6 +1814,10 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'B':
+            if (parse_blob_sizes(optarg) != 0)
+                return 2;
+            break;
         case 'C':
             return copy_count_child();
         case 'h':
@@ -1789,6 +1840,8 @@ int main(int argc, char **argv)
     cfg.py_calls = cfg.quick ? 200 : 3000;
     cfg.batches = cfg.quick ? 200 : 3000;
     cfg.blob_budget = cfg.quick ? (size_t)32 << 20 : (size_t)384 << 20;
+    if (!cfg.blob_sizes_arg[0])
+        snprintf(cfg.blob_sizes_arg, sizeof cfg.blob_sizes_arg, "64K,1M,8M");
 
     const char *tmp = getenv("TMPDIR");
     snprintf(cfg.tmpdir, sizeof cfg.tmpdir, "%s/ctl-bench.XXXXXX",

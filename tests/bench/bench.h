@@ -22,6 +22,7 @@
 #include <sys/types.h>
 
 #include "copycount.h"
+#include "handlers.h"
 #include "storage.ctl.h"
 
 #define BENCH_ENDPOINT_MAX 128
@@ -64,8 +65,16 @@ typedef struct bench_unit bench_unit;
  * with `why` filled. */
 int bench_unit_start(uint64_t capacity, bench_unit **out, char *why,
                      size_t why_len);
+/* The same in a ZeroMQ context that the caller owns and terminates after
+ * stopping the unit (NULL: one of the unit's own, as above); such a unit
+ * polls its socket rather than blocking in the receive (server.c). */
+int bench_unit_start_in(uint64_t capacity, void *zmq_context, bench_unit **out,
+                        char *why, size_t why_len);
 const char *bench_unit_endpoint(const bench_unit *u);
 const tidset *bench_unit_threads(const bench_unit *u);
+/* The unit's store, server and lock: take the lock to use the store
+ * directly while the unit serves. */
+storage_unit *bench_unit_storage(bench_unit *u);
 /* Stop and free; accepts NULL and a pointer to NULL. */
 void bench_unit_stop(bench_unit **u);
 

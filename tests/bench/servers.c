@@ -181,6 +181,12 @@ static int on_put_tagged(void *ctx, const storage_put_args *a, uint64_t *result,
 int bench_unit_start(uint64_t capacity, bench_unit **out, char *why,
                      size_t why_len)
 {
+    return bench_unit_start_in(capacity, NULL, out, why, why_len);
+}
+
+int bench_unit_start_in(uint64_t capacity, void *zmq_context, bench_unit **out,
+                        char *why, size_t why_len)
+{
     *out = NULL;
     bench_unit *u = calloc(1, sizeof *u);
     if (!u) {
@@ -206,6 +212,7 @@ int bench_unit_start(uint64_t capacity, bench_unit **out, char *why,
     ctl_server_options_init(&so);
     so.endpoint = "tcp://127.0.0.1:*";
     so.lock = &u->unit.lock;
+    so.zmq_context = zmq_context;
 
     pid_t before[MAX_THREADS], after[MAX_THREADS];
     size_t nb = tids_now(before, MAX_THREADS);
@@ -237,6 +244,11 @@ const char *bench_unit_endpoint(const bench_unit *u)
 const tidset *bench_unit_threads(const bench_unit *u)
 {
     return &u->threads;
+}
+
+storage_unit *bench_unit_storage(bench_unit *u)
+{
+    return &u->unit;
 }
 
 void bench_unit_stop(bench_unit **pu)

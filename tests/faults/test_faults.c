@@ -17,6 +17,9 @@
  *   call_many      one fan-out over units that are fine, frozen and dead:
  *                  each target gets its own outcome, the batch ends at its
  *                  deadline; all-fine batches end as soon as all answered
+ *   backlog        a frozen unit (its I/O thread accepts nothing) still
+ *                  completes the TCP handshake of 300 clients connecting at
+ *                  once: its listen backlog is not libzmq's default of 100
  *
  * Each is its own ctest (fault_<name>: the executable takes a cmocka test
  * filter as its argument). Everything binds and dials 127.0.0.1. Deadlines
@@ -30,11 +33,18 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "storage.ctl.h"
 #include "testutil.h"
@@ -603,6 +613,62 @@ static void test_call_many(void **state)
     assert_int_equal(cs.late_replies, 2);
 }
 
+/* The kernel's cap on any listen backlog (net.core.somaxconn), 0 if
+ * unknown. */
+static long somaxconn(void)
+{
+    long v = 0;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return v;
+}
+
+static void test_backlog(void **state)
+{
+    enum { N = 300 };
+    fx *f = *state;
+    int fds[N], connected = 0;
+    if (somaxconn() < N) {
+        printf("skipped: net.core.somaxconn is %ld, under %d\n", somaxconn(), N);
+        skip();
+    }
+    start_unit(f, 0, NULL);
+    const char *colon = strrchr(f->units[0].endpoint, ':');
+    assert_non_null(colon);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)atoi(colon + 1))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* Frozen, the unit accepts nothing: only the kernel's accept queue
+     * (the listen backlog) takes connections, the rest stay in SYN_SENT
+     * until a retransmission a second later. */
+    assert_int_equal(up_freeze(&f->units[0]), 0);
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        int rc = connect(fds[i], (struct sockaddr *)&sa, sizeof sa);
+        assert_true(rc == 0 || errno == EINPROGRESS);
+    }
+    int64_t deadline = tu_now_ms() + 700; /* under the first SYN retry */
+    for (int i = 0; i < N; i++) {
+        struct pollfd p = {fds[i], POLLOUT, 0};
+        int64_t left = deadline - tu_now_ms();
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (poll(&p, 1, left > 0 ? (int)left : 0) == 1 &&
+            getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
+            connected++;
+    }
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    assert_int_equal(up_thaw(&f->units[0]), 0);
+    printf("%d of %d connections completed against a frozen unit\n", connected, N);
+    assert_int_equal(connected, N);
+}
+
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
@@ -610,6 +676,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_fd_leak, setup, teardown),
         cmocka_unit_test_setup_teardown(test_freeze_late, setup, teardown),
         cmocka_unit_test_setup_teardown(test_call_many, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_backlog, setup, teardown),
     };
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);

@@ -1,0 +1,1727 @@
+/*
+ * scale.c - ctl-scale: ctlrpc measured at scale, the companion of
+ * ctl-bench (bench.c). Where ctl-bench asks "how close to the bare
+ * transport is one call", ctl-scale asks "what happens as the numbers
+ * grow": more units, more blobs, more clients, bigger blobs.
+ *
+ * As in ctl-bench, a figure that has a baseline is measured side by side
+ * with it in the same run (rounds alternate which goes first, tables quote
+ * medians over the rounds and the median of the per-round ratios); a
+ * figure without one is given as a curve against the smallest size of the
+ * same run.
+ *
+ * Cases (--case):
+ *   fanout   storage_stats_many over 16, 64, 256, 1024 units vs the bare
+ *            ZeroMQ fan-out (a DEALER per address: send all, then collect
+ *            all) to as many echo ROUTERs. Units and echo sockets live in
+ *            child processes, 64 to a process (the units of a process share
+ *            one ZeroMQ context, each has its own serving thread; the echo
+ *            sockets of a process are served by one thread polling them
+ *            all), so this process is the client alone: batch p50/p99 and
+ *            per target, the client's CPU per target (getrusage of this
+ *            process), and its memory and open files per address (VmRSS
+ *            and /proc/self/fd, before and after the first batch, a fresh
+ *            client and context for each size).
+ *   held     one unit (in this process: the storage service's handlers and
+ *            store behind storage_serve) filled to 10 thousand, 1 million
+ *            and, memory allowing, 10 million blobs of 8 bytes, straight
+ *            through the store's API under the unit's lock; at each level
+ *            put (over an existing key), get and describe of random keys
+ *            through the stubs, p50/p99, and the cost of stats, of a list
+ *            page with a prefix that matches 10 keys, and of the first page
+ *            of 1000 keys with no prefix. Ratios against the first level.
+ *   clients  5000 clients (ctl_client objects, one thread each, spread
+ *            over child processes of 625) connecting at once to one
+ *            ctl-storage-unit process and making 4 calls each (stats and
+ *            describe, alternating): every call must be answered; the
+ *            unit's RSS and open files (/proc/<pid>/status, /proc/<pid>/fd)
+ *            before, with every client connected, and after they left, and
+ *            per connection. The unit is started with a soft open-file
+ *            limit of 1024, so it must raise its own (unit.c).
+ *   blobs    ctl-bench's blobs case with sizes 64 KiB, 1 MiB, 8 MiB and
+ *            64 MiB (ctl-bench --case blobs --blob-sizes ...): put+get MB/s
+ *            against the bare echo at each size, and the copies counted.
+ *
+ * --quick is the smoke test CI runs: fan-out to 16 and 64 units, 10k and
+ * 100k blobs held, 200 clients, blobs of 64 KiB to 1 MiB, 2 rounds.
+ *
+ * Internal modes (this program run as a child of itself):
+ *   --host units N    serve N storage units, print their endpoints, one a
+ *   --host echo N     line, then "ready"; stop at the end of stdin
+ *   --clients-host N ADDRESS CALLS
+ *                     N client threads; "ready" once each has its client,
+ *                     calls on "go", prints "done OK FAILED P50 P99 MAX"
+ *                     (latencies in us) and closes its clients at the end
+ *                     of stdin
+ * A child raises its soft open-file limit to the hard one, as this process
+ * does, and dies with its parent.
+ *
+ * Exit status: 0 when every case ran (there are no thresholds), 1 when a
+ * call failed or a case could not be set up, 2 for a bad command line.
+ */
+#define _GNU_SOURCE
+#include "bench.h"
+#include "unitproc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#define MAX_ROUNDS 101
+#define CALL_TIMEOUT_MS 60000
+#define LIST_TIMEOUT_MS 300000
+#define PER_HOST 64          /* units or echo sockets per child process */
+#define CLIENTS_PER_HOST 625 /* client threads per child process */
+#define HELD_KEY_FMT "b%010zu"
+#define HELD_FEW 10          /* keys under the prefix "few-" */
+
+extern char **environ;
+
+/* ---- configuration ------------------------------------------------------ */
+
+enum {
+    CASE_FANOUT = 1 << 0,
+    CASE_HELD = 1 << 1,
+    CASE_CLIENTS = 1 << 2,
+    CASE_BLOBS = 1 << 3,
+    CASE_ALL = (1 << 4) - 1
+};
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} case_names[] = {
+    {"fanout", CASE_FANOUT}, {"held", CASE_HELD}, {"clients", CASE_CLIENTS},
+    {"blobs", CASE_BLOBS},   {"all", CASE_ALL},
+};
+
+typedef struct config {
+    int quick;
+    int rounds;
+    unsigned cases;
+    char self[512]; /* this program, for the children */
+} config;
+
+static config cfg;
+static int g_failed;
+
+/* ---- messages ----------------------------------------------------------- */
+
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ctl-scale: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ctl-scale: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    g_failed = 1;
+}
+
+/* ---- figures ------------------------------------------------------------ */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+    double tmp[MAX_ROUNDS];
+    if (n <= 0)
+        return 0;
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    return n % 2 ? tmp[n / 2] : (tmp[n / 2 - 1] + tmp[n / 2]) / 2;
+}
+
+/* The median of the per-round ratios a/b. */
+static double median_ratio(const double *a, const double *b, int n)
+{
+    double r[MAX_ROUNDS];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (b[i] > 0)
+            r[k++] = a[i] / b[i];
+    return median(r, k);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The p-th percentile of `n` latencies in ns (sorts them), in us. */
+static double pct_us(uint64_t *ns, size_t n, int p)
+{
+    if (n == 0)
+        return 0;
+    qsort(ns, n, sizeof *ns, cmp_u64);
+    return (double)ns[(n - 1) * (size_t)p / 100] / 1e3;
+}
+
+static double cpu_us_self(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+/* ---- limits and contexts ------------------------------------------------ */
+
+/* Soft RLIMIT_NOFILE up to the hard limit: every socket and connection
+ * takes a file descriptor. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            progress("cannot raise the open-file limit: %s", strerror(errno));
+    }
+}
+
+static unsigned long long nofile_soft(void)
+{
+    struct rlimit rl;
+    return getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (unsigned long long)rl.rlim_cur : 0;
+}
+
+/* A ZeroMQ context that allows `sockets` sockets (the default, 1023, is
+ * too few for a client of 1024 units). NULL on failure. */
+static void *scale_ctx(size_t sockets)
+{
+    void *ctx = zmq_ctx_new();
+    if (ctx && sockets > 1023 && zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, (int)sockets) != 0) {
+        zmq_ctx_term(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* The soft open-file limit of process `pid` ("Max open files" in
+ * /proc/<pid>/limits), 0 when it cannot be read. */
+static unsigned long long proc_nofile(pid_t pid)
+{
+    char path[64], line[256];
+    unsigned long long soft = 0;
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "Max open files", 14) == 0)
+            soft = strtoull(line + 14, NULL, 10);
+    fclose(f);
+    return soft;
+}
+
+/* MemAvailable in KiB (0 when unknown). */
+static uint64_t mem_available_kib(void)
+{
+    char line[256];
+    uint64_t kib = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "MemAvailable:", 13) == 0)
+            kib = strtoull(line + 13, NULL, 10);
+    fclose(f);
+    return kib;
+}
+
+/* TcpExt ListenOverflows of /proc/net/netstat: connections the kernel
+ * could not queue because a listener's accept queue was full (for the
+ * whole machine; the client retries them with SYNs after 1 s, 3 s, ...).
+ * -1 when it cannot be read. */
+static long long listen_overflows(void)
+{
+    char names[4096], values[4096];
+    long long v = -1;
+    FILE *f = fopen("/proc/net/netstat", "r");
+    if (!f)
+        return -1;
+    while (fgets(names, sizeof names, f) && fgets(values, sizeof values, f)) {
+        if (strncmp(names, "TcpExt:", 7) != 0)
+            continue;
+        char *ns = NULL, *vs = NULL;
+        char *n = strtok_r(names, " \n", &ns), *x = strtok_r(values, " \n", &vs);
+        while (n && x) {
+            if (strcmp(n, "ListenOverflows") == 0)
+                v = strtoll(x, NULL, 10);
+            n = strtok_r(NULL, " \n", &ns);
+            x = strtok_r(NULL, " \n", &vs);
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* ---- children ----------------------------------------------------------- */
+
+/* A child run of this program, talked to through its stdin and stdout. */
+typedef struct kid {
+    pid_t pid;
+    int in_fd;  /* its stdin; closing it tells the child to finish */
+    int out_fd; /* its stdout */
+    char buf[4096];
+    size_t len;
+} kid;
+
+static int kid_start(kid *k, char *const argv[])
+{
+    int in[2], out[2];
+    posix_spawn_file_actions_t fa;
+    memset(k, 0, sizeof *k);
+    k->pid = -1;
+    k->in_fd = k->out_fd = -1;
+    if (pipe2(in, O_CLOEXEC) != 0)
+        return -1;
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    int rc = posix_spawn(&k->pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    if (rc != 0) {
+        close(in[1]);
+        close(out[0]);
+        k->pid = -1;
+        errno = rc;
+        return -1;
+    }
+    k->in_fd = in[1];
+    k->out_fd = out[0];
+    return 0;
+}
+
+/* The child's next line (without its newline), waiting up to `timeout_ms`.
+ * 0, or -1 when it ended or took too long. */
+static int kid_line(kid *k, char *line, size_t cap, int timeout_ms)
+{
+    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        char *nl = memchr(k->buf, '\n', k->len);
+        if (nl) {
+            size_t n = (size_t)(nl - k->buf);
+            snprintf(line, cap, "%.*s", (int)n, k->buf);
+            k->len -= n + 1;
+            memmove(k->buf, nl + 1, k->len);
+            return 0;
+        }
+        if (k->len == sizeof k->buf)
+            return -1; /* a line longer than the buffer: not ours */
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            return -1;
+        struct pollfd pfd = {k->out_fd, POLLIN, 0};
+        int rc = poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0)
+            continue;
+        ssize_t r = read(k->out_fd, k->buf + k->len, sizeof k->buf - k->len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        k->len += (size_t)r;
+    }
+}
+
+static int kid_say(kid *k, const char *text)
+{
+    size_t n = strlen(text);
+    return write(k->in_fd, text, n) == (ssize_t)n ? 0 : -1;
+}
+
+/* Close its stdin and reap it (SIGKILL after `timeout_ms`). Its exit
+ * status, or -1. */
+static int kid_stop(kid *k, int timeout_ms)
+{
+    int status = -1;
+    if (k->in_fd >= 0)
+        close(k->in_fd);
+    k->in_fd = -1;
+    if (k->pid > 0) {
+        uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000u;
+        int st;
+        pid_t r;
+        while ((r = waitpid(k->pid, &st, WNOHANG)) == 0 && now_ns() < deadline) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        if (r == 0) {
+            kill(k->pid, SIGKILL);
+            waitpid(k->pid, &st, 0);
+        } else if (r < 0) {
+            st = -1;
+        }
+        status = r > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        k->pid = -1;
+    }
+    if (k->out_fd >= 0)
+        close(k->out_fd);
+    k->out_fd = -1;
+    return status;
+}
+
+/* In a child: die with the parent. */
+static void child_setup(void)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1)
+        _exit(1);
+    raise_nofile();
+}
+
+/* ---- child: hosts of units and echo sockets ----------------------------- */
+
+/* Serve every message of one ROUTER that is waiting, sending it back as it
+ * came (identity and all). ETERM ends it. */
+static void echo_ready(void *router)
+{
+    for (;;) {
+        zmq_msg_t frames[4];
+        int n = 0, more = 1;
+        while (more) {
+            zmq_msg_t scratch;
+            zmq_msg_t *m = n < 4 ? &frames[n] : &scratch;
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, router, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                zmq_msg_close(m);
+                for (int i = 0; i < n; i++)
+                    zmq_msg_close(&frames[i]);
+                return;
+            }
+            more = zmq_msg_more(m);
+            if (n < 4)
+                n++;
+            else
+                zmq_msg_close(m);
+        }
+        for (int i = 0; i < n; i++)
+            if (zmq_msg_send(&frames[i], router, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+                zmq_msg_close(&frames[i]);
+    }
+}
+
+/* --host echo N: N bare ROUTERs in one context, one thread polling them
+ * all (and stdin, whose end stops it). */
+static int host_echo(size_t n)
+{
+    void *ctx = scale_ctx(n + 64);
+    void **routers = calloc(n, sizeof *routers);
+    zmq_pollitem_t *items = calloc(n + 1, sizeof *items);
+    int rc = 1, zero = 0;
+    if (!ctx || !routers || !items) {
+        fprintf(stderr, "ctl-scale: echo host: out of memory or no context\n");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char ep[BENCH_ENDPOINT_MAX];
+        size_t len = sizeof ep;
+        routers[i] = zmq_socket(ctx, ZMQ_ROUTER);
+        if (!routers[i] || zmq_setsockopt(routers[i], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+            zmq_bind(routers[i], "tcp://127.0.0.1:*") != 0 ||
+            zmq_getsockopt(routers[i], ZMQ_LAST_ENDPOINT, ep, &len) != 0) {
+            fprintf(stderr, "ctl-scale: echo host: socket %zu of %zu: %s\n", i + 1, n,
+                    zmq_strerror(zmq_errno()));
+            goto out;
+        }
+        printf("%s\n", ep);
+        items[i] = (zmq_pollitem_t){routers[i], 0, ZMQ_POLLIN, 0};
+    }
+    items[n] = (zmq_pollitem_t){NULL, 0, ZMQ_POLLIN, 0};
+    printf("ready\n");
+    fflush(stdout);
+    for (;;) {
+        int r = zmq_poll(items, (int)n + 1, -1);
+        if (r < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            break;
+        }
+        if (items[n].revents) {
+            char buf[64];
+            if (read(0, buf, sizeof buf) <= 0)
+                break;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (items[i].revents & ZMQ_POLLIN)
+                echo_ready(routers[i]);
+    }
+    rc = 0;
+out:
+    for (size_t i = 0; routers && i < n; i++)
+        if (routers[i])
+            zmq_close(routers[i]);
+    if (ctx)
+        zmq_ctx_term(ctx);
+    free(routers);
+    free(items);
+    return rc;
+}
+
+/* --host units N: N storage units sharing one context. */
+static int host_units(size_t n)
+{
+    void *ctx = scale_ctx(2 * n + 64);
+    bench_unit **units = calloc(n, sizeof *units);
+    char why[256];
+    int rc = 1;
+    if (!ctx || !units) {
+        fprintf(stderr, "ctl-scale: unit host: out of memory or no context\n");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (bench_unit_start_in((uint64_t)1 << 20, ctx, &units[i], why, sizeof why) != 0) {
+            fprintf(stderr, "ctl-scale: unit host: unit %zu of %zu: %s\n", i + 1, n, why);
+            goto out;
+        }
+        printf("%s\n", bench_unit_endpoint(units[i]));
+    }
+    printf("ready\n");
+    fflush(stdout);
+    char buf[64];
+    ssize_t r;
+    while ((r = read(0, buf, sizeof buf)) > 0 || (r < 0 && errno == EINTR))
+        ;
+    rc = 0;
+out:
+    for (size_t i = 0; units && i < n; i++)
+        bench_unit_stop(&units[i]);
+    if (ctx)
+        zmq_ctx_term(ctx);
+    free(units);
+    return rc;
+}
+
+/* ---- child: many clients ------------------------------------------------ */
+
+typedef struct crowd {
+    void *ctx;
+    const char *address;
+    int calls;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    int ready, go, done, quit;
+} crowd;
+
+typedef struct crowd_client {
+    crowd *c;
+    pthread_t thread;
+    uint64_t *lat; /* `calls` latencies, ns */
+    int ok, failed;
+    char err[256];
+} crowd_client;
+
+static const ctl_str crowd_keys[1] = {{"scale-key", 9}};
+
+static int crowd_call(ctl_client *client, const char *address, int i, ctl_error *err)
+{
+    ctl_reply *reply = NULL;
+    int rc;
+    if (i % 2 == 0) {
+        storage_UnitStats res;
+        rc = storage_stats(client, address, CALL_TIMEOUT_MS, &res, &reply, err);
+    } else {
+        storage_describe_args a;
+        storage_list_BlobInfo res;
+        storage_describe_args_init(&a);
+        a.keys = (storage_list_str){.items = crowd_keys, .count = 1};
+        rc = storage_describe(client, address, &a, CALL_TIMEOUT_MS, &res, &reply, err);
+        if (rc == 0 && res.count != 1)
+            rc = ctl_error_set(err, CTL_PROTOCOL, "describe: %zu results", res.count);
+    }
+    ctl_reply_destroy(&reply);
+    return rc;
+}
+
+static void *crowd_main(void *arg)
+{
+    crowd_client *t = arg;
+    crowd *c = t->c;
+    ctl_client *client = NULL;
+    ctl_client_options o;
+    ctl_error err;
+    ctl_error_init(&err);
+    ctl_client_options_init(&o);
+    o.zmq_context = c->ctx;
+    int made = ctl_client_new(&o, &client, &err) == 0;
+    if (!made) {
+        snprintf(t->err, sizeof t->err, "client: %s", err.msg ? err.msg : "failed");
+        t->failed = c->calls;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->ready++;
+    pthread_cond_broadcast(&c->cond);
+    while (!c->go && !c->quit)
+        pthread_cond_wait(&c->cond, &c->mu);
+    int call = !c->quit; /* told to stop before going: no calls */
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; made && call && i < c->calls; i++) {
+        uint64_t t0 = now_ns();
+        if (crowd_call(client, c->address, i, &err) == 0) {
+            t->lat[t->ok++] = now_ns() - t0;
+        } else {
+            if (!t->failed)
+                snprintf(t->err, sizeof t->err, "%s", err.msg ? err.msg : "failed");
+            t->failed++;
+        }
+    }
+    /* Stay connected until the parent has looked at the unit. */
+    pthread_mutex_lock(&c->mu);
+    c->done++;
+    pthread_cond_broadcast(&c->cond);
+    while (!c->quit)
+        pthread_cond_wait(&c->cond, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    ctl_client_destroy(&client);
+    ctl_error_fini(&err);
+    return NULL;
+}
+
+/* Wait (under c->mu) until *counter reaches n. */
+static void crowd_wait(crowd *c, const int *counter, int n)
+{
+    pthread_mutex_lock(&c->mu);
+    while (*counter < n)
+        pthread_cond_wait(&c->cond, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void crowd_set(crowd *c, int *flag)
+{
+    pthread_mutex_lock(&c->mu);
+    *flag = 1;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A line from stdin (blocking); -1 at its end. */
+static int read_line(char *buf, size_t cap)
+{
+    size_t n = 0;
+    while (n + 1 < cap) {
+        char ch;
+        ssize_t r = read(0, &ch, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        if (ch == '\n')
+            break;
+        buf[n++] = ch;
+    }
+    buf[n] = '\0';
+    return 0;
+}
+
+/* --clients-host N ADDRESS CALLS */
+static int host_clients(int n, const char *address, int calls)
+{
+    crowd c = {.address = address, .calls = calls};
+    crowd_client *ts = calloc((size_t)n, sizeof *ts);
+    uint64_t *all = calloc((size_t)n * (size_t)calls + 1, sizeof *all);
+    pthread_attr_t attr;
+    int started = 0, ok = 0, failed = 0;
+    char line[64];
+    c.ctx = scale_ctx(4 * (size_t)n + 64);
+    if (!c.ctx || !ts || !all) {
+        fprintf(stderr, "ctl-scale: clients host: out of memory or no context\n");
+        free(ts);
+        free(all);
+        if (c.ctx)
+            zmq_ctx_term(c.ctx);
+        return 1;
+    }
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cond, NULL);
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, (size_t)512 << 10);
+    for (int i = 0; i < n; i++) {
+        ts[i].c = &c;
+        ts[i].lat = all + (size_t)i * (size_t)calls;
+        if (pthread_create(&ts[i].thread, &attr, crowd_main, &ts[i]) != 0) {
+            fprintf(stderr, "ctl-scale: clients host: thread %d of %d: cannot start it\n",
+                    i + 1, n);
+            failed += (n - i) * calls;
+            break;
+        }
+        started++;
+    }
+    pthread_attr_destroy(&attr);
+    crowd_wait(&c, &c.ready, started);
+    printf("ready\n");
+    fflush(stdout);
+    if (read_line(line, sizeof line) == 0 && strcmp(line, "go") == 0) {
+        crowd_set(&c, &c.go);
+        crowd_wait(&c, &c.done, started);
+    } else {
+        failed += started * calls; /* told to stop before calling */
+    }
+    /* The latencies side by side, for the percentiles. */
+    size_t k = 0;
+    const char *first_err = NULL;
+    for (int i = 0; i < started; i++) {
+        for (int j = 0; j < ts[i].ok; j++)
+            all[k++] = ts[i].lat[j];
+        ok += ts[i].ok;
+        failed += ts[i].failed;
+        if (!first_err && ts[i].err[0])
+            first_err = ts[i].err;
+    }
+    if (first_err)
+        fprintf(stderr, "ctl-scale: clients host: first failure: %s\n", first_err);
+    double p50 = pct_us(all, k, 50), p99 = pct_us(all, k, 99);
+    double max = k ? (double)all[k - 1] / 1e3 : 0;
+    printf("done %d %d %.1f %.1f %.1f\n", ok, failed, p50, p99, max);
+    fflush(stdout);
+    while (read_line(line, sizeof line) == 0)
+        ; /* until the parent closes our stdin */
+    crowd_set(&c, &c.quit);
+    for (int i = 0; i < started; i++)
+        pthread_join(ts[i].thread, NULL);
+    zmq_ctx_term(c.ctx);
+    pthread_cond_destroy(&c.cond);
+    pthread_mutex_destroy(&c.mu);
+    free(ts);
+    free(all);
+    return failed ? 1 : 0;
+}
+
+/* ---- hosts, seen from the parent ---------------------------------------- */
+
+typedef struct hosts {
+    kid *kids;
+    size_t n_kids;
+    char (*endpoints)[BENCH_ENDPOINT_MAX];
+    size_t n;
+} hosts;
+
+/* Start ceil(n / PER_HOST) children serving `kind` ("units", "echo") and
+ * collect n endpoints. */
+static int hosts_start(hosts *h, const char *kind, size_t n)
+{
+    memset(h, 0, sizeof *h);
+    size_t nk = (n + PER_HOST - 1) / PER_HOST;
+    h->kids = calloc(nk, sizeof *h->kids);
+    h->endpoints = calloc(n, sizeof *h->endpoints);
+    if (!h->kids || !h->endpoints) {
+        fail("out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < nk; i++) {
+        char count[16];
+        size_t here = n - i * PER_HOST < PER_HOST ? n - i * PER_HOST : PER_HOST;
+        snprintf(count, sizeof count, "%zu", here);
+        char *argv[] = {cfg.self, (char *)"--host", (char *)kind, count, NULL};
+        if (kid_start(&h->kids[i], argv) != 0) {
+            fail("cannot start a %s host (%s): %s", kind, cfg.self, strerror(errno));
+            return -1;
+        }
+        h->n_kids++;
+    }
+    for (size_t i = 0; i < nk; i++) {
+        char line[256];
+        for (;;) {
+            if (kid_line(&h->kids[i], line, sizeof line, 60000) != 0) {
+                fail("%s host %zu of %zu (pid %d) did not come up (see its errors above)",
+                     kind, i + 1, nk, (int)h->kids[i].pid);
+                return -1;
+            }
+            if (strcmp(line, "ready") == 0)
+                break;
+            if (strncmp(line, "tcp://", 6) != 0 || h->n == n ||
+                strlen(line) >= BENCH_ENDPOINT_MAX) {
+                fail("%s host %zu: unexpected line '%s'", kind, i + 1, line);
+                return -1;
+            }
+            memcpy(h->endpoints[h->n++], line, strlen(line) + 1);
+        }
+    }
+    if (h->n != n) {
+        fail("%s hosts: %zu endpoints of %zu", kind, h->n, n);
+        return -1;
+    }
+    return 0;
+}
+
+static void hosts_stop(hosts *h)
+{
+    for (size_t i = 0; h->kids && i < h->n_kids; i++)
+        if (kid_stop(&h->kids[i], 20000) != 0)
+            fail("a host (child %zu) did not exit cleanly", i + 1);
+    free(h->kids);
+    free(h->endpoints);
+    memset(h, 0, sizeof *h);
+}
+
+/* ---- case: fan-out ------------------------------------------------------ */
+
+/* The bytes of a stats request ([op, id, {}], 21 bytes): what the bare
+ * fan-out sends, so both sides move requests of the same size. */
+static const unsigned char stats_req[] = {
+    0x93, 0xa5, 's', 't', 'a', 't', 's', 0xac, '0', '0', '0', '0', '0',
+    '0', '0', '0', '0', '0', '0', '1', 0x80};
+
+typedef struct fan_ours {
+    ctl_client *client;
+    const char **addresses;
+    storage_stats_outcome *outcomes;
+    size_t n;
+} fan_ours;
+
+typedef struct fan_bare {
+    void **socks;
+    zmq_pollitem_t *items;
+    size_t *which;
+    size_t n;
+} fan_bare;
+
+static int fan_ours_batch(fan_ours *f)
+{
+    int failed = storage_stats_many(f->client, f->addresses, f->n, CALL_TIMEOUT_MS,
+                                    f->outcomes);
+    if (failed != 0)
+        for (size_t i = 0; i < f->n; i++)
+            if (f->outcomes[i].error.kind != CTL_OK) {
+                fail("stats_many over %zu units: %d failed, first %s", f->n, failed,
+                     f->outcomes[i].error.msg);
+                break;
+            }
+    storage_stats_outcomes_fini(f->outcomes, f->n);
+    return failed ? -1 : 0;
+}
+
+/* Send to every echo socket, then collect every reply, polling the ones
+ * still waiting. */
+static int fan_bare_batch(fan_bare *f)
+{
+    size_t left = f->n;
+    for (size_t i = 0; i < f->n; i++) {
+        if (zmq_send(f->socks[i], stats_req, sizeof stats_req, 0) < 0) {
+            fail("bare fan-out: send to socket %zu: %s", i, zmq_strerror(zmq_errno()));
+            return -1;
+        }
+        f->which[i] = i;
+    }
+    while (left) {
+        for (size_t j = 0; j < left; j++)
+            f->items[j] = (zmq_pollitem_t){f->socks[f->which[j]], 0, ZMQ_POLLIN, 0};
+        int rc = zmq_poll(f->items, (int)left, CALL_TIMEOUT_MS);
+        if (rc <= 0) {
+            fail("bare fan-out over %zu: %s", f->n,
+                 rc == 0 ? "timed out" : zmq_strerror(zmq_errno()));
+            return -1;
+        }
+        size_t kept = 0;
+        for (size_t j = 0; j < left; j++) {
+            size_t i = f->which[j];
+            int got = 0;
+            if (f->items[j].revents & ZMQ_POLLIN) {
+                zmq_msg_t m;
+                zmq_msg_init(&m);
+                got = zmq_msg_recv(&m, f->socks[i], ZMQ_DONTWAIT) >= 0;
+                zmq_msg_close(&m);
+            }
+            if (!got)
+                f->which[kept++] = i;
+        }
+        left = kept;
+    }
+    return 0;
+}
+
+typedef struct fan_side {
+    double p50[MAX_ROUNDS], p99[MAX_ROUNDS], cpu[MAX_ROUNDS];
+    double rss_kib, fds;        /* per address, after the first batch */
+} fan_side;
+
+/* `batches` batches of one side, timed; this process's CPU per target. */
+static int fan_round(int bare, fan_ours *o, fan_bare *b, size_t batches, int r,
+                     fan_side *out)
+{
+    uint64_t *lat = malloc(batches * sizeof *lat);
+    size_t n = bare ? b->n : o->n;
+    if (!lat) {
+        fail("out of memory");
+        return -1;
+    }
+    double c0 = cpu_us_self();
+    for (size_t i = 0; i < batches; i++) {
+        uint64_t t0 = now_ns();
+        if ((bare ? fan_bare_batch(b) : fan_ours_batch(o)) != 0) {
+            free(lat);
+            return -1;
+        }
+        lat[i] = now_ns() - t0;
+    }
+    out->cpu[r] = (cpu_us_self() - c0) / (double)(batches * n);
+    out->p50[r] = pct_us(lat, batches, 50);
+    out->p99[r] = pct_us(lat, batches, 99);
+    free(lat);
+    return 0;
+}
+
+typedef struct fan_size {
+    size_t n;
+    fan_side ours, bare;
+} fan_size;
+
+/* Open files and resident KiB of this process, after giving freed heap
+ * back. */
+static void self_usage(int *fds, size_t *rss)
+{
+    malloc_trim(0);
+    *fds = up_count_fds(0);
+    *rss = up_rss_kib(0);
+}
+
+/* One fan-out size: files and memory per address, then `rounds` rounds. */
+static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int rounds,
+                        fan_size *out)
+{
+    size_t batches = (cfg.quick ? 2000 : 50000) / n;
+    void *octx = NULL, *bctx = NULL;
+    fan_ours o = {0};
+    fan_bare b = {0};
+    ctl_client_options co;
+    ctl_error err;
+    int rc = -1, fd0, fd1;
+    size_t rss0, rss1;
+    if (batches < (cfg.quick ? 10u : 30u))
+        batches = cfg.quick ? 10 : 30;
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    ctl_error_init(&err);
+    o.n = b.n = n;
+    o.addresses = calloc(n, sizeof *o.addresses);
+    o.outcomes = calloc(n, sizeof *o.outcomes);
+    b.socks = calloc(n, sizeof *b.socks);
+    b.items = calloc(n, sizeof *b.items);
+    b.which = calloc(n, sizeof *b.which);
+    if (!o.addresses || !o.outcomes || !b.socks || !b.items || !b.which) {
+        fail("out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        o.addresses[i] = units->endpoints[i];
+
+    /* ctlrpc: a fresh context and client; files and memory per address
+     * from before the first batch to after it. */
+    octx = scale_ctx(4 * n + 256);
+    ctl_client_options_init(&co);
+    co.zmq_context = octx;
+    if (!octx || ctl_client_new(&co, &o.client, &err) != 0) {
+        fail("fan-out client: %s", octx ? err.msg : "no ZeroMQ context");
+        goto out;
+    }
+    self_usage(&fd0, &rss0);
+    if (fan_ours_batch(&o) != 0)
+        goto out;
+    self_usage(&fd1, &rss1);
+    out->ours.fds = (double)(fd1 - fd0) / (double)n;
+    out->ours.rss_kib = ((double)rss1 - (double)rss0) / (double)n;
+
+    /* Bare: a DEALER per address, likewise. */
+    bctx = scale_ctx(2 * n + 256);
+    if (!bctx) {
+        fail("bare fan-out: no ZeroMQ context");
+        goto out;
+    }
+    self_usage(&fd0, &rss0);
+    for (size_t i = 0; i < n; i++) {
+        int zero = 0;
+        b.socks[i] = zmq_socket(bctx, ZMQ_DEALER);
+        if (!b.socks[i] || zmq_setsockopt(b.socks[i], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+            zmq_connect(b.socks[i], echos->endpoints[i]) != 0) {
+            fail("bare fan-out: DEALER %zu of %zu to %s: %s", i + 1, n, echos->endpoints[i],
+                 zmq_strerror(zmq_errno()));
+            goto out;
+        }
+    }
+    if (fan_bare_batch(&b) != 0)
+        goto out;
+    self_usage(&fd1, &rss1);
+    out->bare.fds = (double)(fd1 - fd0) / (double)n;
+    out->bare.rss_kib = ((double)rss1 - (double)rss0) / (double)n;
+
+    /* Warm both, then the rounds. */
+    for (size_t i = 0; i < 3; i++)
+        if (fan_ours_batch(&o) != 0 || fan_bare_batch(&b) != 0)
+            goto out;
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 2; k++) {
+            int bare = (r % 2) ? 1 - k : k;
+            if (fan_round(bare, &o, &b, batches, r, bare ? &out->bare : &out->ours) != 0)
+                goto out;
+        }
+        progress("fan-out to %zu: round %d/%d: batch p50 %.0f vs %.0f us, CPU %.1f vs %.1f "
+                 "us/target", n, r + 1, cfg.rounds, out->ours.p50[r], out->bare.p50[r],
+                 out->ours.cpu[r], out->bare.cpu[r]);
+    }
+    rc = 0;
+out:
+    ctl_client_destroy(&o.client);
+    if (octx)
+        zmq_ctx_term(octx);
+    for (size_t i = 0; b.socks && i < n; i++)
+        if (b.socks[i])
+            zmq_close(b.socks[i]);
+    if (bctx)
+        zmq_ctx_term(bctx);
+    free(o.addresses);
+    free(o.outcomes);
+    free(b.socks);
+    free(b.items);
+    free(b.which);
+    ctl_error_fini(&err);
+    return rc;
+}
+
+static int case_fanout(void)
+{
+    static const size_t full[] = {16, 64, 256, 1024}, quick[] = {16, 64};
+    const size_t *sizes = cfg.quick ? quick : full;
+    size_t n_sizes = cfg.quick ? 2 : 4, max = sizes[n_sizes - 1];
+    fan_size res[4];
+    hosts units, echos;
+    int rc = -1, done = 0;
+    memset(&units, 0, sizeof units);
+    memset(&echos, 0, sizeof echos);
+    progress("fan-out: starting %zu units and %zu echo sockets, %d to a process", max, max,
+             PER_HOST);
+    if (hosts_start(&units, "units", max) != 0 || hosts_start(&echos, "echo", max) != 0)
+        goto out;
+    /* Once, unmeasured: what the first client and context of a process
+     * allocate for good (an arena for the I/O thread, ...) would otherwise
+     * be booked to the first size's addresses. */
+    if (fan_one_size(&units, &echos, sizes[0], 0, &res[0]) != 0)
+        goto out;
+    for (size_t k = 0; k < n_sizes; k++, done++)
+        if (fan_one_size(&units, &echos, sizes[k], cfg.rounds, &res[k]) != 0)
+            goto out;
+    rc = 0;
+out:
+    hosts_stop(&units);
+    hosts_stop(&echos);
+    if (done == 0)
+        return rc;
+    int R = cfg.rounds;
+    printf("\n## fanout: storage_stats_many vs the bare fan-out (send all, collect all) to "
+           "echo ROUTERs\n\n");
+    printf("| units | batch p50 us | bare p50 us | ratio | batch p99 us | bare p99 us | ratio "
+           "| p50 per target us | bare per target us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int k = 0; k < done; k++) {
+        fan_size *s = &res[k];
+        double p50o = median(s->ours.p50, R), p50b = median(s->bare.p50, R);
+        printf("| %zu | %.0f | %.0f | %.3fx | %.0f | %.0f | %.3fx | %.2f | %.2f |\n", s->n,
+               p50o, p50b, median_ratio(s->ours.p50, s->bare.p50, R),
+               median(s->ours.p99, R), median(s->bare.p99, R),
+               median_ratio(s->ours.p99, s->bare.p99, R), p50o / (double)s->n,
+               p50b / (double)s->n);
+    }
+    printf("\n| units | client CPU us/target | bare us/target | ratio | RSS KiB/address | bare "
+           "KiB/address | open files/address | bare files/address |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int k = 0; k < done; k++) {
+        fan_size *s = &res[k];
+        printf("| %zu | %.2f | %.2f | %.3fx | %.1f | %.1f | %.2f | %.2f |\n", s->n,
+               median(s->ours.cpu, R), median(s->bare.cpu, R),
+               median_ratio(s->ours.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
+               s->ours.fds, s->bare.fds);
+    }
+    printf("\n(per target = batch p50 / units; CPU = this process's user+system time over "
+           "the round / targets; RSS and files: a fresh client and context per size, before "
+           "and after its first batch)\n");
+    fflush(stdout);
+    return rc;
+}
+
+/* ---- case: blobs held --------------------------------------------------- */
+
+enum { H_PUT, H_GET, H_DESCRIBE, H_OPS };
+static const char *const held_op_names[H_OPS] = {"put", "get", "describe"};
+
+typedef struct held_level {
+    size_t blobs;
+    double p50[H_OPS], p99[H_OPS];
+    double stats_us, list_few_us, list_page_us;
+    double rss_b_per_blob;
+    double fill_s;
+} held_level;
+
+static uint64_t xorshift(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Fill the store to `level` blobs of 8 bytes, through its API under the
+ * unit's lock. */
+static int held_fill(storage_unit *su, size_t *have, size_t level)
+{
+    ctl_error err;
+    char key[32];
+    int rc = 0;
+    ctl_error_init(&err);
+    pthread_mutex_lock(&su->lock);
+    for (size_t i = *have; i < level && rc == 0; i++) {
+        int len = snprintf(key, sizeof key, HELD_KEY_FMT, i);
+        rc = store_put(su->store, (ctl_str){key, (size_t)len}, ctl_str_c("8 bytes!"), NULL,
+                       false, NULL, &err);
+        if (rc == 0)
+            *have = i + 1;
+    }
+    pthread_mutex_unlock(&su->lock);
+    if (rc != 0)
+        fail("filling the store at %zu blobs: %s", *have, err.msg ? err.msg : "failed");
+    ctl_error_fini(&err);
+    return rc ? -1 : 0;
+}
+
+static int held_call(ctl_client *c, const char *addr, int op, const char *key)
+{
+    ctl_str k = ctl_str_c(key);
+    ctl_reply *reply = NULL;
+    ctl_error err;
+    int rc;
+    ctl_error_init(&err);
+    if (op == H_PUT) {
+        storage_put_args a;
+        uint64_t stored = 0;
+        storage_put_args_init(&a);
+        a.key = k;
+        a.data = ctl_str_c("8 bytes?");
+        rc = storage_put(c, addr, &a, CALL_TIMEOUT_MS, &stored, &err);
+    } else if (op == H_GET) {
+        storage_get_args a;
+        storage_list_bin res;
+        storage_get_args_init(&a);
+        a.keys = (storage_list_str){.items = &k, .count = 1};
+        rc = storage_get(c, addr, &a, CALL_TIMEOUT_MS, &res, &reply, &err);
+        if (rc == 0 && (res.count != 1 || res.items[0].len != 8))
+            rc = ctl_error_set(&err, CTL_PROTOCOL, "get: wrong result");
+    } else {
+        storage_describe_args a;
+        storage_list_BlobInfo res;
+        storage_describe_args_init(&a);
+        a.keys = (storage_list_str){.items = &k, .count = 1};
+        rc = storage_describe(c, addr, &a, CALL_TIMEOUT_MS, &res, &reply, &err);
+        if (rc == 0 && (res.count != 1 || res.items[0].size != 8))
+            rc = ctl_error_set(&err, CTL_PROTOCOL, "describe: wrong result");
+    }
+    if (rc != 0)
+        fail("%s of %s at %s: %s", held_op_names[op], key, addr, err.msg ? err.msg : "failed");
+    ctl_reply_destroy(&reply);
+    ctl_error_fini(&err);
+    return rc ? -1 : 0;
+}
+
+/* One list call: `prefix` and `limit`; checks the count if `want` >= 0. */
+static int held_list(ctl_client *c, const char *addr, const char *prefix, uint32_t limit,
+                     long want)
+{
+    storage_list_args a;
+    storage_list_str res;
+    ctl_reply *reply = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    storage_list_args_init(&a);
+    a.prefix = ctl_str_c(prefix);
+    a.limit = limit;
+    int rc = storage_list(c, addr, &a, LIST_TIMEOUT_MS, &res, &reply, &err);
+    if (rc == 0 && want >= 0 && res.count != (size_t)want)
+        rc = ctl_error_set(&err, CTL_PROTOCOL, "%zu keys, not %ld", res.count, want);
+    if (rc != 0)
+        fail("list (prefix '%s', limit %u) at %s: %s", prefix, (unsigned)limit, addr,
+             err.msg ? err.msg : "failed");
+    ctl_reply_destroy(&reply);
+    ctl_error_fini(&err);
+    return rc ? -1 : 0;
+}
+
+static int held_stats(ctl_client *c, const char *addr, uint64_t *blobs)
+{
+    storage_UnitStats res;
+    ctl_reply *reply = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    int rc = storage_stats(c, addr, CALL_TIMEOUT_MS, &res, &reply, &err);
+    if (rc != 0)
+        fail("stats at %s: %s", addr, err.msg ? err.msg : "failed");
+    else if (blobs)
+        *blobs = res.blobs;
+    ctl_reply_destroy(&reply);
+    ctl_error_fini(&err);
+    return rc ? -1 : 0;
+}
+
+/* The p50 of calls of `what` repeated for at least `min` times and about
+ * `budget_s` seconds (at most 1000 times), in us. */
+typedef int (*held_fn)(ctl_client *, const char *, int);
+
+static int held_stats_fn(ctl_client *c, const char *addr, int arg)
+{
+    (void)arg;
+    return held_stats(c, addr, NULL);
+}
+
+static int held_list_fn(ctl_client *c, const char *addr, int few)
+{
+    return few ? held_list(c, addr, "few-", 1000, HELD_FEW) : held_list(c, addr, "", 1000, 1000);
+}
+
+static int held_repeat(held_fn fn, ctl_client *c, const char *addr, int arg, int min,
+                       double budget_s, double *p50)
+{
+    uint64_t lat[1000];
+    size_t n = 0;
+    double t0 = now_s();
+    while (n < sizeof lat / sizeof lat[0] && (n < (size_t)min || now_s() - t0 < budget_s)) {
+        uint64_t a = now_ns();
+        if (fn(c, addr, arg) != 0)
+            return -1;
+        lat[n++] = now_ns() - a;
+    }
+    *p50 = pct_us(lat, n, 50);
+    return 0;
+}
+
+static int held_measure(ctl_client *c, const char *addr, held_level *lv, size_t rss0_kib)
+{
+    size_t calls = cfg.quick ? 300 : 3000;
+    double p50[H_OPS][MAX_ROUNDS], p99[H_OPS][MAX_ROUNDS];
+    uint64_t *lat = malloc(calls * sizeof *lat);
+    uint64_t x = 0x9e3779b97f4a7c15u ^ lv->blobs, blobs = 0;
+    char key[32];
+    if (!lat) {
+        fail("out of memory");
+        return -1;
+    }
+    for (int op = 0; op < H_OPS; op++) /* warm */
+        for (int i = 0; i < 20; i++) {
+            snprintf(key, sizeof key, HELD_KEY_FMT, (size_t)(xorshift(&x) % lv->blobs));
+            if (held_call(c, addr, op, key) != 0)
+                goto fail;
+        }
+    for (int r = 0; r < cfg.rounds; r++) {
+        for (int k = 0; k < H_OPS; k++) {
+            int op = (r + k) % H_OPS; /* who goes first rotates */
+            for (size_t i = 0; i < calls; i++) {
+                snprintf(key, sizeof key, HELD_KEY_FMT, (size_t)(xorshift(&x) % lv->blobs));
+                uint64_t t0 = now_ns();
+                if (held_call(c, addr, op, key) != 0)
+                    goto fail;
+                lat[i] = now_ns() - t0;
+            }
+            p50[op][r] = pct_us(lat, calls, 50);
+            p99[op][r] = pct_us(lat, calls, 99);
+        }
+    }
+    for (int op = 0; op < H_OPS; op++) {
+        lv->p50[op] = median(p50[op], cfg.rounds);
+        lv->p99[op] = median(p99[op], cfg.rounds);
+    }
+    free(lat);
+    lat = NULL;
+    if (held_repeat(held_stats_fn, c, addr, 0, 50, 0.5, &lv->stats_us) != 0 ||
+        held_repeat(held_list_fn, c, addr, 1, 3, 2.0, &lv->list_few_us) != 0 ||
+        held_repeat(held_list_fn, c, addr, 0, 3, 2.0, &lv->list_page_us) != 0 ||
+        held_stats(c, addr, &blobs) != 0)
+        goto fail;
+    if (blobs != lv->blobs + HELD_FEW) {
+        fail("held: the unit reports %" PRIu64 " blobs, not %zu", blobs, lv->blobs + HELD_FEW);
+        goto fail;
+    }
+    malloc_trim(0);
+    lv->rss_b_per_blob = ((double)up_rss_kib(0) - (double)rss0_kib) * 1024.0 /
+                         (double)lv->blobs;
+    return 0;
+fail:
+    free(lat);
+    return -1;
+}
+
+static int case_held(void)
+{
+    static const size_t full[] = {10000, 1000000, 10000000}, quick[] = {10000, 100000};
+    const size_t *levels = cfg.quick ? quick : full;
+    size_t n_levels = cfg.quick ? 2 : 3;
+    held_level lv[3];
+    bench_unit *unit = NULL;
+    ctl_client *client = NULL;
+    ctl_error err;
+    char why[256];
+    size_t have = 0;
+    int done = 0, rc = -1;
+    ctl_error_init(&err);
+    memset(lv, 0, sizeof lv);
+    /* 10 million blobs take about 2.5 GB here (node, key, bytes, table);
+     * the no-prefix list of that many gathers 160 MB more. */
+    if (!cfg.quick && mem_available_kib() < ((uint64_t)6 << 20)) {
+        progress("held: less than 6 GiB available; stopping at 1 million blobs");
+        n_levels = 2;
+    }
+    malloc_trim(0);
+    size_t rss0 = up_rss_kib(0);
+    if (bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0) {
+        fail("held: %s", why);
+        goto out;
+    }
+    storage_unit *su = bench_unit_storage(unit);
+    const char *addr = bench_unit_endpoint(unit);
+    pthread_mutex_lock(&su->lock);
+    /* Nothing refused: keys and bookkeeping may take what they need. */
+    store_set_limits(su->store, 0, (uint64_t)1 << 40, 0);
+    for (int i = 0; i < HELD_FEW; i++) {
+        char key[16];
+        int len = snprintf(key, sizeof key, "few-%d", i);
+        store_put(su->store, (ctl_str){key, (size_t)len}, ctl_str_c("8 bytes!"), NULL, false,
+                  NULL, &err);
+    }
+    pthread_mutex_unlock(&su->lock);
+    if (ctl_client_new(NULL, &client, &err) != 0) {
+        fail("held: client: %s", err.msg);
+        goto out;
+    }
+    for (size_t k = 0; k < n_levels; k++) {
+        double t0 = now_s();
+        lv[k].blobs = levels[k];
+        progress("held: filling to %zu blobs", levels[k]);
+        if (held_fill(su, &have, levels[k]) != 0)
+            goto out;
+        lv[k].fill_s = now_s() - t0;
+        progress("held: %zu blobs (filled in %.1f s); measuring", levels[k], lv[k].fill_s);
+        if (held_measure(client, addr, &lv[k], rss0) != 0)
+            goto out;
+        done++;
+    }
+    rc = 0;
+out:
+    ctl_client_destroy(&client);
+    bench_unit_stop(&unit);
+    ctl_error_fini(&err);
+    malloc_trim(0);
+    if (done == 0)
+        return rc;
+    printf("\n## held: one unit holding many 8-byte blobs (latency in us; ratio = this level / "
+           "%zu blobs)\n\n", lv[0].blobs);
+    printf("| blobs | put p50 | put p99 | get p50 | get p99 | describe p50 | describe p99 "
+           "| stats | list prefix (10 keys) | list page of 1000 | RSS B/blob | fill s |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int k = 0; k < done; k++)
+        printf("| %zu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f | %.0f | "
+               "%.1f |\n", lv[k].blobs, lv[k].p50[H_PUT], lv[k].p99[H_PUT], lv[k].p50[H_GET],
+               lv[k].p99[H_GET], lv[k].p50[H_DESCRIBE], lv[k].p99[H_DESCRIBE], lv[k].stats_us,
+               lv[k].list_few_us, lv[k].list_page_us, lv[k].rss_b_per_blob, lv[k].fill_s);
+    for (int k = 1; k < done; k++)
+        printf("| ratio %zu | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.2fx | %.0fx | "
+               "%.0fx | | |\n", lv[k].blobs, lv[k].p50[H_PUT] / lv[0].p50[H_PUT],
+               lv[k].p99[H_PUT] / lv[0].p99[H_PUT], lv[k].p50[H_GET] / lv[0].p50[H_GET],
+               lv[k].p99[H_GET] / lv[0].p99[H_GET],
+               lv[k].p50[H_DESCRIBE] / lv[0].p50[H_DESCRIBE],
+               lv[k].p99[H_DESCRIBE] / lv[0].p99[H_DESCRIBE], lv[k].stats_us / lv[0].stats_us,
+               lv[k].list_few_us / lv[0].list_few_us, lv[k].list_page_us / lv[0].list_page_us);
+    printf("\n(put overwrites a random existing key; get and describe read one; the store is "
+           "filled through its API in this process, under the unit's lock)\n");
+    fflush(stdout);
+    return rc;
+}
+
+/* ---- case: many clients ------------------------------------------------- */
+
+static int case_clients(void)
+{
+    int total = cfg.quick ? 200 : 5000, calls = 4;
+    int per = cfg.quick ? 100 : CLIENTS_PER_HOST;
+    int nk = (total + per - 1) / per;
+    up_unit unit = {0};
+    kid *kids = calloc((size_t)nk, sizeof *kids);
+    ctl_client *client = NULL;
+    ctl_error err;
+    struct rlimit rl;
+    int rc = -1, started = 0, ok = 0, failed = 0;
+    double p50s[64], p99 = 0, max = 0, elapsed = 0;
+    unsigned long long unit_nofile = 0;
+    int fd0 = 0, fd1 = 0, fd2 = 0;
+    size_t rss0 = 0, rss1 = 0, rss2 = 0;
+    uint64_t requests0 = 0;
+    long long overflows0 = -1, overflows = -1;
+    ctl_error_init(&err);
+    unit.pid = 0;
+    unit.out_fd = -1;
+    if (!kids || nk > 64) {
+        fail("clients: out of memory");
+        goto out;
+    }
+    /* Start the unit with the usual soft limit of 1024 open files: it must
+     * raise its own to serve thousands of connections. */
+    getrlimit(RLIMIT_NOFILE, &rl);
+    struct rlimit low = rl;
+    if (low.rlim_cur > 1024)
+        low.rlim_cur = 1024;
+    setrlimit(RLIMIT_NOFILE, &low);
+    int up = up_start(&unit, CTL_SCALE_UNIT, NULL, NULL, 20000);
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (up != 0) {
+        fail("clients: cannot start %s", CTL_SCALE_UNIT);
+        goto out;
+    }
+    unit_nofile = proc_nofile(unit.pid);
+    if (ctl_client_new(NULL, &client, &err) != 0) {
+        fail("clients: client: %s", err.msg);
+        goto out;
+    }
+    {
+        storage_put_args a;
+        uint64_t stored;
+        storage_put_args_init(&a);
+        a.key = crowd_keys[0];
+        a.data = ctl_str_c("0123456789");
+        if (storage_put(client, unit.endpoint, &a, CALL_TIMEOUT_MS, &stored, &err) != 0 ||
+            held_stats(client, unit.endpoint, NULL) != 0) {
+            fail("clients: put at %s: %s", unit.endpoint, err.msg ? err.msg : "failed");
+            goto out;
+        }
+    }
+    {
+        storage_UnitStats st;
+        ctl_reply *reply = NULL;
+        if (storage_stats(client, unit.endpoint, CALL_TIMEOUT_MS, &st, &reply, &err) == 0)
+            requests0 = st.requests;
+        ctl_reply_destroy(&reply);
+    }
+    fd0 = up_count_fds(unit.pid);
+    rss0 = up_rss_kib(unit.pid);
+    progress("clients: %d clients in %d processes against %s (pid %d, open-file limit %llu)",
+             total, nk, unit.endpoint, (int)unit.pid, unit_nofile);
+    for (int i = 0; i < nk; i++) {
+        char count[16], ncalls[16];
+        int here = total - i * per < per ? total - i * per : per;
+        snprintf(count, sizeof count, "%d", here);
+        snprintf(ncalls, sizeof ncalls, "%d", calls);
+        char *argv[] = {cfg.self, (char *)"--clients-host", count, unit.endpoint, ncalls, NULL};
+        if (kid_start(&kids[i], argv) != 0) {
+            fail("clients: cannot start a clients host: %s", strerror(errno));
+            goto out;
+        }
+        started++;
+    }
+    for (int i = 0; i < nk; i++) {
+        char line[128];
+        if (kid_line(&kids[i], line, sizeof line, 120000) != 0 || strcmp(line, "ready") != 0) {
+            fail("clients: clients host %d did not get ready", i + 1);
+            goto out;
+        }
+    }
+    overflows0 = listen_overflows();
+    double t0 = now_s();
+    for (int i = 0; i < nk; i++)
+        kid_say(&kids[i], "go\n");
+    for (int i = 0; i < nk; i++) {
+        char line[128];
+        int o = 0, f = 0;
+        double a = 0, b = 0, c = 0;
+        if (kid_line(&kids[i], line, sizeof line, 300000) != 0 ||
+            sscanf(line, "done %d %d %lf %lf %lf", &o, &f, &a, &b, &c) != 5) {
+            fail("clients: clients host %d did not report", i + 1);
+            goto out;
+        }
+        ok += o;
+        failed += f;
+        p50s[i] = a;
+        p99 = b > p99 ? b : p99;
+        max = c > max ? c : max;
+    }
+    elapsed = now_s() - t0;
+    if (overflows0 >= 0 && listen_overflows() >= 0)
+        overflows = listen_overflows() - overflows0;
+    fd1 = up_count_fds(unit.pid);
+    rss1 = up_rss_kib(unit.pid);
+    for (int i = 0; i < nk; i++)
+        if (kid_stop(&kids[i], 60000) > 1)
+            fail("clients: clients host %d did not exit cleanly", i + 1);
+    started = 0;
+    /* The connections close: the unit's files go back down. */
+    for (int i = 0; i < 500 && (fd2 = up_count_fds(unit.pid)) > fd0 + 1; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    rss2 = up_rss_kib(unit.pid);
+    {
+        storage_UnitStats st;
+        ctl_reply *reply = NULL;
+        if (storage_stats(client, unit.endpoint, CALL_TIMEOUT_MS, &st, &reply, &err) != 0) {
+            fail("clients: stats at the end: %s", err.msg);
+        } else if (st.requests - requests0 < (uint64_t)total * (uint64_t)calls) {
+            fail("clients: the unit counted %" PRIu64 " requests, fewer than %d",
+                 st.requests - requests0, total * calls);
+        }
+        ctl_reply_destroy(&reply);
+    }
+    if (ok != total * calls || failed)
+        fail("clients: %d of %d calls answered, %d failed", ok, total * calls, failed);
+    else
+        rc = 0;
+out:
+    for (int i = 0; i < started; i++)
+        kid_stop(&kids[i], 10000);
+    ctl_client_destroy(&client);
+    if (unit.pid > 0 && up_stop(&unit, 20000) != 0)
+        fail("clients: %s did not stop cleanly", CTL_SCALE_UNIT);
+    ctl_error_fini(&err);
+    free(kids);
+    if (fd1 == 0)
+        return -1;
+    printf("\n## clients: %d clients (one thread and one ctl_client each, %d processes) "
+           "connecting at once to one ctl-storage-unit, %d calls each\n\n", total, nk, calls);
+    printf("| calls answered | wall s | call p50 us | call p99 us | call max us | listen "
+           "overflows | unit open-file limit |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| %d of %d | %.2f | %.0f | %.0f | %.0f | %lld | %llu (started with 1024) |\n\n",
+           ok, total * calls, elapsed, median(p50s, nk), p99, max, overflows, unit_nofile);
+    printf("| unit | before | all connected | after they left | per connection |\n"
+           "|---|---:|---:|---:|---:|\n");
+    printf("| open files | %d | %d | %d | %.2f |\n", fd0, fd1, fd2,
+           (double)(fd1 - fd0) / (double)total);
+    printf("| RSS KiB | %zu | %zu | %zu | %.1f |\n", rss0, rss1, rss2,
+           ((double)rss1 - (double)rss0) / (double)total);
+    printf("\n(p50: the median of the processes' p50s; p99 and max: the largest; the first "
+           "call of each client includes its connection; listen overflows: TcpExt "
+           "ListenOverflows of /proc/net/netstat over the calls, machine-wide)\n");
+    fflush(stdout);
+    return rc;
+}
+
+/* ---- case: blobs (ctl-bench's) ------------------------------------------ */
+
+static int case_blobs(void)
+{
+    char rounds[16];
+    pid_t pid;
+    int status = 0;
+    snprintf(rounds, sizeof rounds, "%d", cfg.rounds);
+    char *argv[] = {(char *)CTL_SCALE_BENCH, (char *)"--case", (char *)"blobs",
+                    (char *)"--blob-sizes",
+                    (char *)(cfg.quick ? "64K,256K,1M" : "64K,1M,8M,64M"),
+                    (char *)"--rounds", rounds, cfg.quick ? (char *)"--quick" : NULL, NULL};
+    printf("\n## blobs: ctl-bench --case blobs --blob-sizes %s --rounds %s%s\n\n", argv[4],
+           rounds, cfg.quick ? " --quick" : "");
+    fflush(stdout);
+    int rc = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+    if (rc != 0) {
+        fail("blobs: cannot run %s: %s", argv[0], strerror(rc));
+        return -1;
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fail("blobs: %s failed (status %d)", argv[0], status);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ctl-scale [--quick] [--case NAMES] [--rounds N]\n"
+            "\n"
+            "Measure ctlrpc as the numbers grow: units in a fan-out, blobs held by\n"
+            "one unit, clients of one unit, the size of a blob; against the bare\n"
+            "ZeroMQ transport where there is one, in this one run. Exits 0 when\n"
+            "every case ran.\n"
+            "\n"
+            "  --quick         a short run (the smoke test CI runs; under a minute)\n"
+            "  --case NAMES    comma-separated, any of: fanout, held, clients, blobs,\n"
+            "                  all (default all; may repeat)\n"
+            "  --rounds N      rounds per case (default 5, --quick 2)\n"
+            "  --help          this text\n"
+            "\n"
+            "Cases (--quick sizes in brackets):\n"
+            "  fanout   stats_many over 16/64/256/1024 units [16/64] vs the bare fan-out\n"
+            "           to echo ROUTERs: batch latency, client CPU, files and memory\n"
+            "           per address\n"
+            "  held     one unit holding 10k/1M/10M [10k/100k] blobs: put, get, describe,\n"
+            "           stats and list latency against the smallest level\n"
+            "  clients  5000 [200] clients connecting at once to one ctl-storage-unit:\n"
+            "           every call answered; the unit's files and memory per connection\n"
+            "  blobs    ctl-bench's blobs case at 64K/1M/8M/64M [64K/256K/1M]\n"
+            "\n"
+            "(--host and --clients-host are internal: the children the cases start.)\n");
+}
+
+static int parse_cases(const char *text, unsigned *out)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+         t = strtok_r(NULL, ",", &save)) {
+        size_t i;
+        for (i = 0; i < sizeof case_names / sizeof case_names[0]; i++)
+            if (strcmp(t, case_names[i].name) == 0)
+                break;
+        if (i == sizeof case_names / sizeof case_names[0]) {
+            fprintf(stderr, "ctl-scale: unknown case '%s'\n", t);
+            return -1;
+        }
+        *out |= case_names[i].bit;
+    }
+    return 0;
+}
+
+static int parse_count(const char *text, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || v < 1 || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The internal modes: argv after the mode's option. */
+static int internal_mode(int argc, char **argv)
+{
+    long n = 0, calls = 0;
+    child_setup();
+    if (strcmp(argv[1], "--host") == 0 && argc == 4 && parse_count(argv[3], 4096, &n) == 0) {
+        if (strcmp(argv[2], "units") == 0)
+            return host_units((size_t)n);
+        if (strcmp(argv[2], "echo") == 0)
+            return host_echo((size_t)n);
+    }
+    if (strcmp(argv[1], "--clients-host") == 0 && argc == 5 &&
+        parse_count(argv[2], 10000, &n) == 0 && parse_count(argv[4], 1000, &calls) == 0)
+        return host_clients((int)n, argv[3], (int)calls);
+    fprintf(stderr, "ctl-scale: bad internal command line\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"quick", no_argument, NULL, 'q'},
+        {"case", required_argument, NULL, 'c'},
+        {"rounds", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c, rounds = 0;
+    unsigned cases = 0;
+    if (argc >= 2 && (strcmp(argv[1], "--host") == 0 || strcmp(argv[1], "--clients-host") == 0))
+        return internal_mode(argc, argv);
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'q':
+            cfg.quick = 1;
+            break;
+        case 'c':
+            if (parse_cases(optarg, &cases) != 0)
+                return 2;
+            break;
+        case 'r':
+            rounds = (int)strtol(optarg, &end, 10);
+            if (*end || rounds < 1 || rounds > MAX_ROUNDS) {
+                fprintf(stderr, "ctl-scale: --rounds wants 1..%d\n", MAX_ROUNDS);
+                return 2;
+            }
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ctl-scale: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    cfg.cases = cases ? cases : CASE_ALL;
+    cfg.rounds = rounds ? rounds : cfg.quick ? 2 : 5;
+    ssize_t sl = readlink("/proc/self/exe", cfg.self, sizeof cfg.self - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "ctl-scale: cannot find this program (/proc/self/exe)\n");
+        return 1;
+    }
+    cfg.self[sl] = '\0';
+    unsigned long long before = nofile_soft();
+    raise_nofile();
+    signal(SIGPIPE, SIG_IGN);
+
+    int zmaj, zmin, zpat;
+    zmq_version(&zmaj, &zmin, &zpat);
+    printf("ctl-scale:");
+    for (int i = 0; i < argc; i++)
+        printf(" %s", argv[i]);
+    printf("\nmachine: %ld online CPUs, %.1f GiB available; libzmq %d.%d.%d, msgpack-c %s; "
+           "build %s\nopen-file limit: %llu (soft, raised from %llu)\n"
+           "method: %d rounds where there is a baseline (sides alternating; medians over "
+           "the rounds, ratio = median of the per-round ratios)\n",
+           sysconf(_SC_NPROCESSORS_ONLN), (double)mem_available_kib() / 1048576.0, zmaj,
+           zmin, zpat, msgpack_version(), CTL_SCALE_BUILD, nofile_soft(), before, cfg.rounds);
+    fflush(stdout);
+    double t0 = now_s();
+    if (cfg.cases & CASE_FANOUT)
+        case_fanout();
+    if (cfg.cases & CASE_HELD)
+        case_held();
+    if (cfg.cases & CASE_CLIENTS)
+        case_clients();
+    if (cfg.cases & CASE_BLOBS)
+        case_blobs();
+    printf("\nctl-scale: %.0f s%s\n", now_s() - t0, g_failed ? "; some cases FAILED (see the "
+                                                               "errors above)" : "");
+    return g_failed ? 1 : 0;
+}
