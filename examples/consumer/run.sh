@@ -26,6 +26,13 @@ mode=$1 where=$2 build=$3
 here=$(cd "$(dirname "$0")" && pwd)
 [ -d "$where" ] || { echo "run.sh: $where is not a directory" >&2; exit 2; }
 where=$(cd "$where" && pwd)
+# A fresh build each time: generated files from another ctlrpc must not linger. (The build
+# directory is this script's own: never the source tree, the prefix or a parent of them.)
+for keep in "$where" "$here" "$HOME" /; do
+    b=$(realpath -m "$build")
+    case "$keep/" in "$b"/*) echo "run.sh: will not remove $build (it holds $keep)" >&2; exit 2;; esac
+done
+rm -rf "$build"
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 limit=${RUN_TIMEOUT:-20}

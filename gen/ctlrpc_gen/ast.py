@@ -128,6 +128,16 @@ class Record:
 
 
 @dataclass(frozen=True)
+class ErrorDecl:
+    """`error NotFound;`: an error kind the service's ops may list in `raises`."""
+
+    start: Loc
+    loc: Loc
+    name: str
+    doc: Optional[str]
+
+
+@dataclass(frozen=True)
 class ErrorKindRef:
     loc: Loc
     name: str
@@ -148,7 +158,7 @@ class Op:
     doc: Optional[str]
 
 
-Decl = Union[Service, Import, Record, Op]
+Decl = Union[Service, Import, Record, Op, ErrorDecl]
 
 
 @dataclass(frozen=True)

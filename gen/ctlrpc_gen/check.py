@@ -15,8 +15,10 @@ reasons behind them, in docs/IDL.md; in brief:
   records are not empty and do not contain themselves without an optional, list or map on the way.
 - Defaults fit their type: range for integers, exactness for integers given to f64, `null` only
   for optionals, only empty `[]` and `{}` for lists and maps, none for records.
-- `raises` names known error kinds, each once, never the implicit `Protocol`; notify ops have no
-  result and no raises.
+- Declared error kinds (`error X;`, in the main file or an import) are CamelCase names, unique
+  (ignoring case), none of the built-in or runtime kind names (RESERVED_ERROR_NAMES).
+- `raises` names known error kinds (built-in or declared), each once, never the implicit
+  `Protocol`; notify ops have no result and no raises.
 
 To keep the output readable, the checker stays quiet where a reported error already explains
 a problem: unknown names in a file whose imports failed, an empty record whose body had a syntax
@@ -30,7 +32,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import ast, model
 from .diag import Diagnostics, Loc, did_you_mean
-from .model import ERROR_KINDS, IMPLICIT_ERROR_KIND, SCALARS
+from .model import ERROR_KINDS, IMPLICIT_ERROR_KIND, RESERVED_ERROR_NAMES, SCALARS
 
 IDL_KEYWORDS = ("service", "import", "record", "op", "notify", "raises", "true", "false", "null")
 BUILTIN_TYPE_NAMES = SCALARS + ("list", "map")
@@ -69,8 +71,9 @@ C_RESERVED = dict(
 # records are themselves S_<name>, so none may equal one of these, and no two of these may be
 # equal (compared ignoring case, like all names). Static helpers are S__<...>, which no name
 # can reach (names never start with '_').
-GENERATED_NAMES = ("client", "server", "handlers", "serve", "service")
+GENERATED_NAMES = ("client", "server", "handlers", "serve", "service", "error_code")
 OP_SUFFIXES = ("_args", "_args_init", "_many", "_outcome", "_outcomes_fini", "_handler")
+# Beside those, each op gets S_<op>_raise_<Kind> for each declared kind it raises.
 RECORD_SUFFIXES = ("_init",)
 
 
@@ -89,6 +92,8 @@ class _Checker:
         # record name -> (file path, node), first declaration wins
         self.record_decls: Dict[str, Tuple[str, ast.Record]] = {}
         self.visible: Dict[str, Set[str]] = {}
+        # declared error kinds by name (check_errors)
+        self.errors: "OrderedDict[str, model.ErrorKind]" = OrderedDict()
 
     def error(self, loc: Loc, message: str) -> None:
         self.diags.error(loc, message)
@@ -105,9 +110,11 @@ class _Checker:
             self.record_decls.setdefault(rec.name, (path, rec))
         self.compute_visibility()
 
+        self.errors = self.check_errors()
         checked_records = [self.check_record(path, rec) for path, rec in records]
         checked_ops = [self.check_op(op, i) for i, op in enumerate(ops)]
-        self.check_generated_names(unique, _types_used(checked_records, checked_ops))
+        self.check_generated_names(unique, _types_used(checked_records, checked_ops),
+                                   checked_ops)
         by_name = OrderedDict()
         for rec in checked_records:
             by_name.setdefault(rec.name, rec)
@@ -115,7 +122,7 @@ class _Checker:
 
         if self.diags.error_count:
             return None
-        return self.build(list(by_name.values()), checked_ops)
+        return self.build(list(by_name.values()), checked_ops, list(self.errors.values()))
 
     # -- files and the service ---------------------------------------------------------------
 
@@ -143,12 +150,12 @@ class _Checker:
             for d in f.decls:
                 if isinstance(d, ast.Service):
                     self.error(d.start, "an imported file cannot declare a service "
-                                      "(it may contain only records and imports)")
+                                      "(it may contain only records, errors and imports)")
                 elif isinstance(d, ast.Op):
                     kind = "notify" if d.notify else "op"
                     self.error(d.start, f"an imported file cannot declare {kind} "
-                                              f"'{d.name}' (it may contain only records and "
-                                              "imports)")
+                                              f"'{d.name}' (it may contain only records, "
+                                              "errors and imports)")
 
     def records_in_order(self) -> List[Tuple[str, ast.Record]]:
         """All records, imported files first (depth-first, in import order), each file's in
@@ -225,6 +232,40 @@ class _Checker:
                                 "ops and records share one namespace, compared ignoring case")
         return firsts
 
+    def check_errors(self) -> "OrderedDict[str, model.ErrorKind]":
+        """Declared error kinds of every file (imported files' first, like records), each name
+        once. Returns name -> kind for the first declaration of each valid name."""
+        decls: List[ast.ErrorDecl] = []
+        for f in list(self.program.files[1:]) + [self.main]:
+            decls += f.of(ast.ErrorDecl)
+        out: "OrderedDict[str, model.ErrorKind]" = OrderedDict()
+        seen: Dict[str, ast.ErrorDecl] = {}
+        for d in decls:
+            why = None
+            if d.name in RESERVED_ERROR_NAMES:
+                why = ("it is a built-in error kind" if d.name in ERROR_KINDS + (
+                    IMPLICIT_ERROR_KIND,) else "the runtime uses it for failures that are "
+                    "not error kinds")
+            elif not (d.name[:1].isascii() and d.name[:1].isupper()) or "_" in d.name:
+                why = "an error kind's name is CamelCase: a capital letter, then letters and "\
+                      "digits (it travels on the wire as written)"
+            if why:
+                self.error(d.loc, f"error kind name '{d.name}' is not allowed: {why}")
+                continue
+            prev = seen.get(d.name.lower())
+            if prev is not None:
+                where = prev.loc.where(d.loc.path)
+                if prev.name == d.name:
+                    self.error(d.loc, f"duplicate error kind '{d.name}' (first declared at "
+                                      f"{where})")
+                else:
+                    self.error(d.loc, f"error kind '{d.name}' differs from '{prev.name}' "
+                                      f"({where}) only in case")
+                continue
+            seen[d.name.lower()] = d
+            out[d.name] = model.ErrorKind(d.name, d.loc, d.doc, len(out) + 1)
+        return out
+
     def check_top_names(self, records, ops) -> List[Tuple[str, object]]:
         """Records (imported first) and the main file's ops, in one scope. Returns the first
         declaration of each name as (kind, node)."""
@@ -244,7 +285,7 @@ class _Checker:
         return [(entries[i][1], entries[i][2]) for i in firsts]
 
     def check_generated_names(self, unique: List[Tuple[str, object]],
-                              types: List[model.Type]) -> None:
+                              types: List[model.Type], ops: Sequence[model.Op] = ()) -> None:
         """Ops and records whose C name the generated code already gives to something else, and
         two things for which the generated code would derive the same C name."""
         if self.service is None:
@@ -261,9 +302,13 @@ class _Checker:
             if first is not origin:
                 twice.append((name, first, origin))
 
+        raised = {op.name: op.raises_declared for op in ops}
         for kind, node in unique:
             for suffix in OP_SUFFIXES if kind == "op" else RECORD_SUFFIXES:
                 derive(node.name + suffix, node)
+            if kind == "op":
+                for k in raised.get(node.name, ()):
+                    derive(f"{node.name}_raise_{k}", node)
         for t in types:
             fragment = _c_fragment(t)
             if fragment is not None:
@@ -411,9 +456,11 @@ class _Checker:
                 if k.name == IMPLICIT_ERROR_KIND:
                     self.error(k.loc, "'Protocol' is implicit on every op; do not list it in "
                                       "'raises'")
-                elif k.name not in ERROR_KINDS:
-                    hint = did_you_mean(k.name, ERROR_KINDS) or (
-                        f" (expected {', '.join(ERROR_KINDS[:-1])} or {ERROR_KINDS[-1]})")
+                elif k.name not in ERROR_KINDS and k.name not in self.errors:
+                    known = ERROR_KINDS + tuple(self.errors)
+                    hint = did_you_mean(k.name, known) or (
+                        f" (expected {', '.join(known[:-1])} or {known[-1]}, or a kind "
+                        "declared with 'error NAME;')")
                     self.error(k.loc, f"unknown error kind '{k.name}'{hint}")
                 elif k.name in raises:
                     self.error(k.loc, f"error kind '{k.name}' is listed twice")
@@ -477,7 +524,8 @@ class _Checker:
 
     # -- the model ---------------------------------------------------------------------------
 
-    def build(self, records: List[model.Record], ops: List[model.Op]) -> model.Model:
+    def build(self, records: List[model.Record], ops: List[model.Op],
+              errors: Sequence[model.ErrorKind] = ()) -> model.Model:
         names = [r.name for r in records]
         mentions = {r.name: _mentions(r) for r in records}
         edges_all = {n: [(None, d) for d in mentions[n]] for n in names}
@@ -524,6 +572,7 @@ class _Checker:
             ops=tuple(ops),
             op_index=tuple(sorted(ops, key=lambda o: o.name.encode("utf-8"))),
             types=tuple(_types_used(records, ops)),
+            errors=tuple(errors),
         )
 
 

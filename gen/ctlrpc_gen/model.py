@@ -33,9 +33,15 @@ from typing import Dict, Optional, Tuple, Union
 
 from .diag import Loc
 
-# Error kinds an op may list in `raises`. `Protocol` is implicit on every op (see docs/IDL.md).
+# Built-in error kinds an op may list in `raises`, beside the kinds the IDL declares (`error X;`).
+# `Protocol` is implicit on every op (see docs/IDL.md).
 ERROR_KINDS = ("UnitFull", "Busy", "Missing")
 IMPLICIT_ERROR_KIND = "Protocol"
+# Names a declared kind cannot take: the built-in kinds, and the runtime's names for failures
+# that are not kinds on the wire (C: CTL_TRANSFER, CTL_INVALID, CTL_DECLARED; Python: the
+# exception classes Error, Transfer, Timeout).
+RESERVED_ERROR_NAMES = ERROR_KINDS + (IMPLICIT_ERROR_KIND, "Transfer", "Timeout", "Error",
+                                      "Invalid", "Declared", "OK")
 
 INT_RANGES: Dict[str, Tuple[int, int]] = {
     "i32": (-(2 ** 31), 2 ** 31 - 1),
@@ -227,8 +233,8 @@ class Op:
     """An op (request/reply) or a notify op (no reply).
 
     `index` is the position in IDL order (the descriptor table's order). `result` None means the
-    reply's result is nil. `raises` lists error kinds as written, a subset of ERROR_KINDS;
-    Protocol is implicit.
+    reply's result is nil. `raises` lists error kinds as written: built-in ones (ERROR_KINDS)
+    and declared ones; Protocol is implicit.
     """
 
     name: str
@@ -245,6 +251,14 @@ class Op:
         return self.notify
 
     @property
+    def raises_builtin(self) -> Tuple[str, ...]:
+        return tuple(k for k in self.raises if k in ERROR_KINDS)
+
+    @property
+    def raises_declared(self) -> Tuple[str, ...]:
+        return tuple(k for k in self.raises if k not in ERROR_KINDS)
+
+    @property
     def idl(self) -> str:
         """The declaration in canonical IDL, e.g. `op put(key: str, pin: bool = false) -> u64`."""
         text = f"{'notify' if self.notify else 'op'} {self.name}("
@@ -254,6 +268,18 @@ class Op:
         if self.raises:
             text += " raises " + ", ".join(self.raises)
         return text
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """A declared error kind (`error NotFound;`). `code` is its constant in generated code:
+    1, 2, ... in declaration order (imported files' first); it never travels on the wire, where
+    the kind is its name."""
+
+    name: str
+    loc: Loc
+    doc: Optional[str]
+    code: int
 
 
 @dataclass(frozen=True)
@@ -274,6 +300,7 @@ class Model:
         `R` or `R?`), otherwise in `records` order. A cycle (possible only through `R?`) is
         broken at its first record in `records` order.
     ops: IDL order. op_index: the same ops sorted by name in byte order.
+    errors: the declared error kinds, imported files' first, each file's in source order.
     types: every distinct type used by a field, argument or result, inner types before the
         types containing them, in first-use order (records first, then ops).
     """
@@ -286,6 +313,7 @@ class Model:
     ops: Tuple[Op, ...]
     op_index: Tuple[Op, ...]
     types: Tuple[Type, ...]
+    errors: Tuple[ErrorKind, ...] = ()
     error_kinds: Tuple[str, ...] = ERROR_KINDS
     _by_name: Dict[str, Record] = field(init=False, repr=False, compare=False)
 
@@ -294,6 +322,12 @@ class Model:
 
     def record(self, name: str) -> Record:
         return self._by_name[name]
+
+    def error(self, name: str) -> ErrorKind:
+        for e in self.errors:
+            if e.name == name:
+                return e
+        raise KeyError(name)
 
     def op(self, name: str) -> Op:
         for op in self.ops:

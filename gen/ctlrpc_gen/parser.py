@@ -3,16 +3,17 @@
 Grammar (the full EBNF is in docs/IDL.md):
 
     file    = { decl } ;
-    decl    = service | import | record | op | notify ;
+    decl    = service | import | record | op | notify | error ;
     service = "service" IDENT ";" ;
     import  = "import" STRING ";" ;
+    error   = "error" IDENT ";" ;
     record  = "record" IDENT "{" { IDENT ":" type [ "=" literal ] ";" } "}" ;
     op      = ( "op" | "notify" ) IDENT "(" [ arg { "," arg } [ "," ] ] ")"
               [ "->" type ] [ "raises" IDENT { "," IDENT } ] ";" ;
     type    = ( "list" "<" type ">" | "map" "<" type "," type ">" | IDENT ) { "?" } ;
 
-Keywords are contextual: `service`, `import`, `record`, `op`, `notify` start a declaration only
-where one can start, so `op: str;` is a field named `op` and `op list()` an op named `list`.
+Keywords are contextual: `service`, `import`, `record`, `op`, `notify`, `error` start a declaration
+only where one can start, so `op: str;` is a field named `op` and `op list()` an op named `list`.
 
 Error recovery: a syntax error abandons the current field (resuming after its `;`, or at the
 record's `}`) or the current declaration (resuming after the next `;` or `}` at its level, or at a
@@ -39,9 +40,11 @@ from . import ast
 from .diag import Diagnostics, Loc, printable, suggest
 from .lexer import Token, tokenize
 
-DECL_KEYWORDS = ("service", "import", "record", "op", "notify")
-# Words that can never name a type (so `-> raises` reads as a missing result type).
-NOT_TYPES = frozenset(DECL_KEYWORDS + ("raises", "true", "false", "null"))
+DECL_KEYWORDS = ("service", "import", "record", "op", "notify", "error")
+# Words that can never name a type (so `-> raises` reads as a missing result type). `error`
+# is not among them: a record may still be named so.
+NOT_TYPES = frozenset(("service", "import", "record", "op", "notify", "raises", "true", "false",
+                       "null"))
 MAX_DEPTH = 32
 
 
@@ -185,7 +188,8 @@ class Parser:
         for t in self.toks:
             if t.doc is not None and id(t) not in self.docs_taken:
                 self.diags.warning(t.doc.loc, "doc comment is not attached to a declaration "
-                                              "(service, record, field, op or argument)")
+                                              "(service, record, field, op, argument or "
+                                              "error)")
 
     def parse_decl(self) -> ast.Decl:
         t = self.peek()
@@ -195,8 +199,8 @@ class Parser:
         if t.kind == "ident":
             guess = suggest(t.value, DECL_KEYWORDS)
             hint = f" (did you mean '{guess}'?)" if guess else ""
-        raise self.fail(t.loc, "expected a declaration ('service', 'import', 'record', 'op' "
-                               f"or 'notify'), found {t.describe()}{hint}")
+        raise self.fail(t.loc, "expected a declaration ('service', 'import', 'record', 'op', "
+                               f"'notify' or 'error'), found {t.describe()}{hint}")
 
     def parse_service(self) -> ast.Service:
         kw = self.advance()
@@ -214,6 +218,13 @@ class Parser:
         self.advance()
         self.expect(";", "after import")
         return ast.Import(kw.loc, t.loc, t.value)
+
+    def parse_error(self) -> ast.ErrorDecl:
+        kw = self.advance()
+        doc = self.take_doc(kw)
+        name = self.expect_ident("error kind name")
+        self.expect(";", "after error declaration")
+        return ast.ErrorDecl(kw.loc, name.loc, name.value, doc)
 
     def parse_record(self) -> ast.Record:
         kw = self.advance()

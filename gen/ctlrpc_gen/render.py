@@ -36,7 +36,7 @@ from .diag import FatalError
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 # Bump together with CTL_GEN_ABI in runtime/include/ctlrpc/gen.h.
-GEN_ABI = 2
+GEN_ABI = 3
 
 _SCALAR_C = {
     "bool": "bool",
@@ -83,6 +83,9 @@ class Renderer:
         g["isinstance"] = isinstance
         g["has_views"] = has_views
         g["initializers"] = self.initializers
+        # Declared error kinds some op raises: they get a descriptor in the .c.
+        g["raised_errors"] = [e for e in model.errors
+                              if any(e.name in op.raises_declared for op in model.ops)]
 
     # -- names ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctlrpc/gen.h"
 #include "envelope_int.h"
 #include "util_int.h"
 
@@ -138,6 +139,32 @@ static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
         msgpack_sbuffer_clear(&d->out);
 }
 
+/* The name of the kind `err` holds if the op's descriptor does not list
+ * it in `raises`, else NULL. Protocol (and what is sent as Protocol) is
+ * implicit on every op; an op without a descriptor (a hand-written table)
+ * declares nothing and is not judged. */
+static const char *undeclared_kind(const ctl_op *op, const ctl_error *err)
+{
+    const ctl_op_desc *desc = op->desc;
+    if (!desc)
+        return NULL;
+    switch (ctl_env_wire_kind(err->kind)) {
+    case CTL_UNIT_FULL:
+        return desc->raises & CTL_RAISES_UNIT_FULL ? NULL : "UnitFull";
+    case CTL_BUSY:
+        return desc->raises & CTL_RAISES_BUSY ? NULL : "Busy";
+    case CTL_MISSING:
+        return desc->raises & CTL_RAISES_MISSING ? NULL : "Missing";
+    case CTL_DECLARED:
+        for (size_t i = 0; err->remote_kind && i < desc->declared_count; i++)
+            if (strcmp(desc->declared[i]->name, err->remote_kind) == 0)
+                return NULL;
+        return err->remote_kind ? err->remote_kind : "(unnamed)";
+    default:
+        return NULL;
+    }
+}
+
 static ctl_verdict verdict(const ctl_dispatch *d)
 {
     return d->out.size ? CTL_DISPATCH_REPLY : CTL_DISPATCH_SILENT;
@@ -228,8 +255,23 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
                       "op '%s' failed (handler returned %d without an error)",
                       op->name, rc);
     }
-    if (rc != 0)
+    const char *undeclared = rc != 0 ? undeclared_kind(op, &req.err) : NULL;
+    if (undeclared) {
+        /* The IDL is the contract: an error kind the op does not list
+         * would surprise its callers, so it goes out as a Protocol error
+         * that names it, and is counted. */
+        ctl_error named;
+        ctl_error_init(&named);
+        ctl_error_set(&named, CTL_PROTOCOL,
+                      "op '%s' failed with %s, which it does not declare in 'raises' "
+                      "(a bug in the unit): %s",
+                      op->name, undeclared, req.err.msg ? req.err.msg : "");
+        atomic_fetch_add_explicit(&d->counters.undeclared, 1, memory_order_relaxed);
+        pack_error(d, rq.id, &named);
+        ctl_error_fini(&named);
+    } else if (rc != 0) {
         pack_error(d, rq.id, &req.err);
+    }
     ctl_error_fini(&req.err);
     return verdict(d);
 }
@@ -302,6 +344,28 @@ int ctl_req_missing(ctl_req *req, const ctl_str *blobs, size_t count,
     va_end(ap);
     req->failed = true;
     return CTL_MISSING;
+}
+
+int ctl_req_raisev(ctl_req *req, const ctl_error_kind *kind, const char *reason,
+                   const char *fmt, va_list ap)
+{
+    ctl_error_declaredv(&req->err, kind->name, kind->code, reason, fmt, ap);
+    req->failed = true;
+    return CTL_DECLARED;
+}
+
+int ctl_req_raise(ctl_req *req, const char *kind, const char *reason, const char *fmt, ...)
+{
+    va_list ap;
+    req->failed = true;
+    if (!kind || !kind[0] || ctl_kind_from_wire(ctl_str_c(kind)) != CTL_OK)
+        return ctl_error_set(&req->err, CTL_PROTOCOL,
+                             "op '%s': ctl_req_raise: '%s' is not a declared error kind",
+                             req->op->name, kind ? kind : "(null)");
+    va_start(ap, fmt);
+    ctl_error_declaredv(&req->err, kind, 0, reason, fmt, ap);
+    va_end(ap);
+    return CTL_DECLARED;
 }
 
 int ctl_req_fail_error(ctl_req *req, const ctl_error *err)

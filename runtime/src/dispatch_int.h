@@ -69,6 +69,7 @@ typedef struct ctl_dispatch_counters {
     _Atomic uint64_t replies;
     _Atomic uint64_t dropped;
     _Atomic uint64_t send_failures;
+    _Atomic uint64_t undeclared; /* handler errors outside the op's raises */
 } ctl_dispatch_counters;
 
 typedef struct ctl_dispatch {

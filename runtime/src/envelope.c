@@ -85,6 +85,7 @@ ctl_kind ctl_env_wire_kind(ctl_kind kind)
     case CTL_BUSY:
     case CTL_MISSING:
     case CTL_PROTOCOL:
+    case CTL_DECLARED:
         return kind;
     default:
         return CTL_PROTOCOL;
@@ -94,9 +95,17 @@ ctl_kind ctl_env_wire_kind(ctl_kind kind)
 int ctl_env_pack_error(msgpack_packer *pk, const ctl_error *err)
 {
     ctl_kind kind = ctl_env_wire_kind(err->kind);
-    const char *reason = kind == CTL_BUSY ? err->reason : NULL;
+    const char *name = ctl_kind_name(kind);
+    if (kind == CTL_DECLARED) {
+        /* A declared kind travels under its own name. */
+        if (err->remote_kind && err->remote_kind[0])
+            name = err->remote_kind;
+        else
+            name = ctl_kind_name(kind = CTL_PROTOCOL);
+    }
+    const char *reason = kind == CTL_BUSY || kind == CTL_DECLARED ? err->reason : NULL;
     if (msgpack_pack_map(pk, 4) || ctl_pack_cstr(pk, "kind") ||
-        ctl_pack_cstr(pk, ctl_kind_name(kind)) || ctl_pack_cstr(pk, "msg") ||
+        ctl_pack_cstr(pk, name) || ctl_pack_cstr(pk, "msg") ||
         ctl_pack_cstr(pk, err->msg ? err->msg : "") ||
         ctl_pack_cstr(pk, "reason"))
         return -1;
@@ -337,13 +346,16 @@ int ctl_env_unpack_error(ctl_error *err, const char *address, const char *op,
     }
     default: {
         /* Protocol, or a kind this client does not know: both are the
-         * unit's way of saying the call failed. */
+         * unit's way of saying the call failed. (A generated stub turns a
+         * kind its op declares into CTL_DECLARED; see stub.c.) The kind
+         * and the reason, if any, are kept. */
         ctl_error_transfer(err, CTL_CAUSE_REMOTE, "%s at %s: %s error: %.*s",
                            op, address,
                            kind.len ? ctl_show(shown, sizeof shown, kind)
                                     : "(empty kind)",
                            msg_len, msg.ptr);
-        if (err && !(err->remote_kind = ctl_strndup(kind.ptr, kind.len)))
+        if (err && (!(err->remote_kind = ctl_strndup(kind.ptr, kind.len)) ||
+                    (reason.ptr && !(err->reason = ctl_strndup(reason.ptr, reason.len)))))
             return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                                       "%s at %s: out of memory reading an "
                                       "error reply", op, address);

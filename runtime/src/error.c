@@ -192,6 +192,37 @@ int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...)
     return CTL_BUSY;
 }
 
+int ctl_error_declaredv(ctl_error *err, const char *kind, int code,
+                        const char *reason, const char *fmt, va_list ap)
+{
+    ctl_error_setv(err, CTL_DECLARED, fmt, ap);
+    if (!err)
+        return CTL_DECLARED;
+    err->code = code;
+    err->remote_kind = kind ? ctl_strndup(kind, strlen(kind)) : NULL;
+    if (!err->remote_kind) {
+        /* A declared error without its name cannot be told apart. */
+        err->kind = CTL_TRANSFER;
+        err->cause = CTL_CAUSE_NOMEM;
+        err->code = 0;
+        details_lost(err);
+        return CTL_TRANSFER;
+    }
+    if (!copy_reason(err, reason))
+        details_lost(err);
+    return CTL_DECLARED;
+}
+
+int ctl_error_declared(ctl_error *err, const char *kind, int code, const char *reason,
+                       const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = ctl_error_declaredv(err, kind, code, reason, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
                        const char *fmt, va_list ap)
 {
@@ -226,6 +257,7 @@ int ctl_error_copy(ctl_error *dst, const ctl_error *src)
     ctl_error_fini(dst);
     dst->kind = src->kind;
     dst->cause = src->cause;
+    dst->code = src->code;
     if (src->msg == fallback_msg)
         dst->msg = (char *)fallback_msg;
     else if (!copy_cstr(&dst->msg, src->msg))

@@ -429,6 +429,7 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out)
         atomic_load_explicit(&c->send_failures, memory_order_relaxed);
     out->auth_denied =
         atomic_load_explicit(&server->auth_denied, memory_order_relaxed);
+    out->undeclared = atomic_load_explicit(&c->undeclared, memory_order_relaxed);
 }
 
 /* Wake the serving thread through the close pipe (a blocked receive sees

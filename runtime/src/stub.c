@@ -64,6 +64,25 @@ static int null_args(const ctl_op_desc *op, const char *address, ctl_error *err)
                          address ? address : "(null address)");
 }
 
+/* A remote error whose kind `op` declares becomes CTL_DECLARED with the
+ * kind's code; other unknown kinds stay what the wire contract makes them
+ * (CTL_TRANSFER, cause remote). Returns the error's kind. */
+static int declared(const ctl_op_desc *op, ctl_error *err)
+{
+    if (!err || err->kind != CTL_TRANSFER || err->cause != CTL_CAUSE_REMOTE ||
+        !err->remote_kind)
+        return err ? (int)err->kind : CTL_TRANSFER;
+    for (size_t i = 0; i < op->declared_count; i++) {
+        if (strcmp(op->declared[i]->name, err->remote_kind) == 0) {
+            err->kind = CTL_DECLARED;
+            err->cause = CTL_CAUSE_NONE;
+            err->code = op->declared[i]->code;
+            break;
+        }
+    }
+    return err->kind;
+}
+
 int ctl_stub_call(ctl_client *client, const char *address,
                   const ctl_op_desc *op, const void *args, int timeout_ms,
                   void *result, ctl_reply **reply, ctl_error *err)
@@ -82,6 +101,8 @@ int ctl_stub_call(ctl_client *client, const char *address,
     frame_request(&req, op, false, args);
     int rc = ctl_client_call_req(client, address, op->name, &req, timeout_ms,
                                  &got, err);
+    if (rc == CTL_TRANSFER)
+        return declared(op, err);
     if (rc != 0)
         return rc;
     rc = ctl_stub_decode_result(op, got, address, result, err);
@@ -151,6 +172,7 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         /* Move the error: its strings now belong to the typed outcome. */
         *e = raw[i].error;
         ctl_error_init(&raw[i].error);
+        declared(op, e);
         void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result
                                   : NULL;
         if (raw[i].reply &&

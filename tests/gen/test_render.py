@@ -77,7 +77,7 @@ class RenderTest(unittest.TestCase):
         self.assertIn(" * idl/storage.idl:49  op put(key: str, data: bin, pin: bool = false) "
                       "-> u64 raises UnitFull, Busy\n", header)
         self.assertIn(" * Store `data` under `key`", header)
-        self.assertIn("#if CTL_GEN_ABI != 2\n#error", header)
+        self.assertIn("#if CTL_GEN_ABI != 3\n#error", header)
         # Sections in their fixed order.
         order = [header.index(s) for s in ("---- types", "---- client stubs",
                                            "---- server handler table",

@@ -82,7 +82,7 @@ static void test_kind_values_and_names(void **state)
     (void)state;
     assert_int_equal(CTL_OK, 0);
     assert_true(CTL_UNIT_FULL < 0 && CTL_BUSY < 0 && CTL_MISSING < 0 &&
-                CTL_PROTOCOL < 0 && CTL_TRANSFER < 0 && CTL_INVALID < 0);
+                CTL_PROTOCOL < 0 && CTL_TRANSFER < 0 && CTL_INVALID < 0 && CTL_DECLARED < 0);
     assert_string_equal(ctl_kind_name(CTL_OK), "OK");
     assert_string_equal(ctl_kind_name(CTL_UNIT_FULL), "UnitFull");
     assert_string_equal(ctl_kind_name(CTL_BUSY), "Busy");
@@ -90,12 +90,13 @@ static void test_kind_values_and_names(void **state)
     assert_string_equal(ctl_kind_name(CTL_PROTOCOL), "Protocol");
     assert_string_equal(ctl_kind_name(CTL_TRANSFER), "Transfer");
     assert_string_equal(ctl_kind_name(CTL_INVALID), "Invalid");
+    assert_string_equal(ctl_kind_name(CTL_DECLARED), "Declared");
     assert_string_equal(ctl_kind_name(1), "Unknown");
-    assert_string_equal(ctl_kind_name(-7), "Unknown");
+    assert_string_equal(ctl_kind_name(-8), "Unknown");
     assert_string_equal(ctl_kind_name(-1000000), "Unknown");
 
     const int kinds[] = {CTL_OK, CTL_UNIT_FULL, CTL_BUSY, CTL_MISSING,
-                         CTL_PROTOCOL, CTL_TRANSFER, CTL_INVALID};
+                         CTL_PROTOCOL, CTL_TRANSFER, CTL_INVALID, CTL_DECLARED};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         const char *d = ctl_strerror(kinds[i]);
         assert_non_null(d);

@@ -15,6 +15,12 @@
  *   CTL_TRANSFER   the call did not complete: see `cause`.
  *   CTL_INVALID    the caller passed something unusable (a bad endpoint, a
  *                  NULL argument); never caused by a peer.
+ *   CTL_DECLARED   an error kind the service declares in its IDL
+ *                  (`error NotFound;`) and the op lists in `raises`: its
+ *                  name is `remote_kind`, its generated constant `code`,
+ *                  with an optional `reason`. On the wire it travels under
+ *                  its own name (docs/PROTOCOL.md, "Errors"); a peer that
+ *                  does not know it sees a Protocol error.
  *
  * The kind list is one X-macro (CTL_KIND_MAP) that yields the enum, the wire
  * names and the descriptions, so they cannot drift apart.
@@ -52,7 +58,8 @@ extern "C" {
     X(MISSING, -3, "Missing", "the unit no longer has some blobs")            \
     X(PROTOCOL, -4, "Protocol", "the request could not be served")            \
     X(TRANSFER, -5, "Transfer", "the call did not complete")                  \
-    X(INVALID, -6, "Invalid", "invalid argument")
+    X(INVALID, -6, "Invalid", "invalid argument")                             \
+    X(DECLARED, -7, "Declared", "an error kind the service declares")
 
 typedef enum ctl_kind {
 #define CTL_KIND_ENUM_(name, value, wire, desc) CTL_##name = value,
@@ -82,8 +89,9 @@ CTL_API const char *ctl_kind_name(int kind);
 /* A one-line description of a kind. Constant string. */
 CTL_API const char *ctl_strerror(int kind);
 
-/* The kind whose wire name is exactly `name` (only the four wire kinds
- * UnitFull, Busy, Missing and Protocol match), or CTL_OK when none does. */
+/* The kind whose wire name is exactly `name` (only the four built-in wire
+ * kinds UnitFull, Busy, Missing and Protocol match), or CTL_OK when none
+ * does (a declared kind travels under its own name). */
 CTL_API ctl_kind ctl_kind_from_wire(ctl_str name);
 
 /* The name of a cause ("timeout", ...). Constant string. */
@@ -100,11 +108,16 @@ typedef struct ctl_error {
     ctl_kind kind;     /* CTL_OK when nothing failed */
     ctl_cause cause;   /* for CTL_TRANSFER; else CTL_CAUSE_NONE */
     char *msg;         /* never NULL after a failure: names the address and op */
-    char *reason;      /* CTL_BUSY: why (e.g. "pinned"); else NULL */
+    char *reason;      /* CTL_BUSY: why (e.g. "pinned"); CTL_DECLARED and
+                          CTL_CAUSE_REMOTE: the reason the unit sent, if
+                          any; else NULL */
     ctl_str *blobs;    /* CTL_MISSING: the blob ids (each NUL-terminated too) */
     size_t blob_count; /* number of entries in `blobs` */
     char *remote_kind; /* CTL_CAUSE_REMOTE: the kind the unit sent
-                          ("Protocol" or an unknown one); else NULL */
+                          ("Protocol" or one the op does not declare);
+                          CTL_DECLARED: the declared kind's name; else NULL */
+    int code;          /* CTL_DECLARED: the kind's generated constant
+                          (<SERVICE>_ERR_<Kind>, never 0); else 0 */
 } ctl_error;
 
 CTL_API void ctl_error_init(ctl_error *err);
@@ -132,6 +145,14 @@ CTL_API int ctl_error_transfer(ctl_error *err, ctl_cause cause, const char *fmt,
 CTL_API int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...) CTL_PRINTF(3, 4);
 CTL_API int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
                     va_list ap) CTL_PRINTF(3, 0);
+
+/* Set a declared error kind: `kind` its name as the IDL declares it
+ * (copied), `code` its generated constant, `reason` optional (copied). */
+CTL_API int ctl_error_declared(ctl_error *err, const char *kind, int code, const char *reason,
+                               const char *fmt, ...) CTL_PRINTF(5, 6);
+CTL_API int ctl_error_declaredv(ctl_error *err, const char *kind, int code,
+                                const char *reason, const char *fmt, va_list ap)
+    CTL_PRINTF(5, 0);
 
 /* Set a Missing error naming `count` blob ids (copied) and a message. */
 CTL_API int ctl_error_missing(ctl_error *err, const ctl_str *blobs, size_t count,

@@ -28,6 +28,7 @@
 #ifndef CTLRPC_GEN_H
 #define CTLRPC_GEN_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -42,7 +43,7 @@ extern "C" {
 /* The interface generated code is written against. Generated headers check
  * it (`#if CTL_GEN_ABI != N` / `#error`) and must be regenerated when it
  * changes. */
-#define CTL_GEN_ABI 2
+#define CTL_GEN_ABI 3
 
 /* ---- decoding context ------------------------------------------------ */
 
@@ -180,9 +181,29 @@ CTL_API int ctl_type_decode(const msgpack_object *o, const ctl_type *type, void 
 typedef int (*ctl_invoke_fn)(const void *handlers, const void *args,
                              void *result, ctl_req *req);
 
+/* An error kind a service declares (`error NotFound;`): its name on the
+ * wire and its generated constant (<SERVICE>_ERR_<Kind>, from 1). */
+typedef struct ctl_error_kind {
+    const char *name;
+    int code;
+} ctl_error_kind;
+
+/* The built-in kinds an op lists in `raises` (Protocol is implicit). */
+#define CTL_RAISES_UNIT_FULL 0x1u
+#define CTL_RAISES_BUSY 0x2u
+#define CTL_RAISES_MISSING 0x4u
+
 typedef struct ctl_op_desc {
     const char *name;
     unsigned flags;          /* CTL_OP_NOREPLY */
+    /* What the op may fail with beside Protocol: built-in kinds
+     * (CTL_RAISES_*) and the declared kinds it lists. A handler that fails
+     * with anything else is answered with a Protocol error naming the op
+     * and the kind, and counted (ctl_server_stats.undeclared); a client
+     * reports a declared kind of this list as CTL_DECLARED. */
+    unsigned raises;
+    const ctl_error_kind *const *declared;
+    size_t declared_count;
     const ctl_type *args;    /* a record with CTL_RECORD_ARGS; NULL: none */
     const ctl_type *result;  /* NULL: the op returns nothing */
     bool keep_reply;         /* the result holds views into the reply */
@@ -236,6 +257,12 @@ CTL_API int ctl_stub_decode_result(const ctl_op_desc *op, ctl_reply *reply,
  * the op's descriptor (ctl_op.desc), calls the typed handler in `handlers`
  * and packs its result; a bad arg is a Protocol error naming it. */
 CTL_API int ctl_stub_serve(void *handlers, const msgpack_object *args, ctl_req *req);
+
+/* Fail the request with the declared error `kind` (the generated
+ * <service>_<op>_raise_<Kind> helpers call it; they exist only for the
+ * ops that list the kind). `reason` may be NULL. Returns CTL_DECLARED. */
+CTL_API int ctl_req_raisev(ctl_req *req, const ctl_error_kind *kind, const char *reason,
+                           const char *fmt, va_list ap) CTL_PRINTF(4, 0);
 
 #ifdef __cplusplus
 }

@@ -139,6 +139,8 @@ typedef struct ctl_server_stats {
     uint64_t dropped;  /* payloads dropped: no usable request id */
     uint64_t send_failures; /* replies that could not be sent (peer gone) */
     uint64_t auth_denied;   /* CURVE clients refused: not on the allowlist */
+    uint64_t undeclared;    /* handler errors of a kind the op does not list in
+                               `raises`, answered as Protocol errors */
 } ctl_server_stats;
 
 CTL_API void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
@@ -216,6 +218,17 @@ CTL_API int ctl_req_busy(ctl_req *req, const char *reason, const char *fmt, ...)
 /* Fail with Missing naming `count` blob ids (copied). Returns CTL_MISSING. */
 CTL_API int ctl_req_missing(ctl_req *req, const ctl_str *blobs, size_t count,
                     const char *fmt, ...) CTL_PRINTF(4, 5);
+
+/* Fail with an error kind the service declares (`error NotFound;` in its
+ * IDL), by its name, with an optional reason (copied). Generated code
+ * gives each op that lists a kind a typed helper for it
+ * (<service>_<op>_raise_<Kind>); this one is for hand-written handlers.
+ * An op with a generated descriptor that does not list the kind is
+ * answered with a Protocol error instead (see ctl_server_stats.undeclared).
+ * Returns CTL_DECLARED (CTL_PROTOCOL when `kind` is empty or a built-in
+ * kind's name, which have functions of their own). */
+CTL_API int ctl_req_raise(ctl_req *req, const char *kind, const char *reason,
+                          const char *fmt, ...) CTL_PRINTF(4, 5);
 
 /* Fail with an error already built (copied). Returns its kind, or
  * CTL_PROTOCOL if `err` holds CTL_OK or a kind that cannot cross the wire
