@@ -191,69 +191,22 @@ static int on_delete(void *ctx, const storage_delete_args *a,
     return 0;
 }
 
-/* Byte order, then length: the order of memcmp on keys, which is what a
- * peer in any language gets by sorting byte strings. */
-static int cmp_key(const void *x, const void *y)
-{
-    const ctl_str *a = x, *b = y;
-    int c = memcmp(a->ptr, b->ptr, a->len < b->len ? a->len : b->len);
-    if (c)
-        return c;
-    return a->len < b->len ? -1 : a->len > b->len;
-}
-
-/* The first `cap` keys (in key order) after `after`: a max-heap of at most
- * `cap` keys, so a page costs O(matches * log(page)) time and one page of
- * memory however many keys the unit holds. `matches` counts every key that
- * passed the prefix and `after`, for the "more than a page" check. */
+/* The keys of one page, in the order store_list gives them. */
 typedef struct key_page {
-    ctl_str *heap; /* heap[0] is the greatest key kept */
-    size_t n, cap;
-    uint64_t matches;
-    ctl_str after; /* only keys that sort after this (none: empty) */
+    ctl_str *keys;
+    size_t n;
 } key_page;
 
-static void heap_sift_down(ctl_str *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t big = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && cmp_key(&h[l], &h[big]) > 0)
-            big = l;
-        if (r < n && cmp_key(&h[r], &h[big]) > 0)
-            big = r;
-        if (big == i)
-            return;
-        ctl_str t = h[i];
-        h[i] = h[big];
-        h[big] = t;
-        i = big;
-    }
-}
-
-static void collect_key(store_blob *b, void *arg)
+static void take_key(const store_blob *b, void *arg)
 {
     key_page *p = arg;
-    if (p->after.len != 0 && cmp_key(&b->key, &p->after) <= 0)
-        return;
-    p->matches++;
-    if (p->n < p->cap) {
-        size_t i = p->n++;
-        p->heap[i] = b->key;
-        while (i > 0 && cmp_key(&p->heap[(i - 1) / 2], &p->heap[i]) < 0) {
-            ctl_str t = p->heap[i];
-            p->heap[i] = p->heap[(i - 1) / 2];
-            p->heap[(i - 1) / 2] = t;
-            i = (i - 1) / 2;
-        }
-    } else if (p->cap && cmp_key(&b->key, &p->heap[0]) < 0) {
-        p->heap[0] = b->key;
-        heap_sift_down(p->heap, p->n, 0);
-    }
+    p->keys[p->n++] = b->key;
 }
 
 /* A page of keys: sorted, after `after`, at most `limit` (or the unit's
- * page limit, --max-list-keys). One pass over the index keeps the page's
- * keys in a heap; nothing is gathered beyond one page. */
+ * page limit, --max-list-keys). The store seeks to the first key in its
+ * key-ordered index and walks one page, so a page costs the same however
+ * many blobs the unit holds. */
 static int on_list(void *ctx, const storage_list_args *a,
                    storage_list_str *result, ctl_req *req)
 {
@@ -261,27 +214,21 @@ static int on_list(void *ctx, const storage_list_args *a,
     store_totals t;
     uint32_t page = store_max_list(u->store);
     size_t want = a->limit && a->limit < page ? a->limit : page;
+    /* Without a limit, every match must fit in one page: one key past it
+     * tells that it does not, without counting the rest. */
+    size_t walk = a->limit ? want : (size_t)page + 1;
     store_totals_get(u->store, &t);
-    if (want > t.blobs)
-        want = (size_t)t.blobs;
-    key_page p = {ctl_req_alloc(req, (want ? want : 1) * sizeof(ctl_str)), 0, want, 0,
-                  a->after};
-    if (!p.heap)
+    size_t room = walk < t.blobs ? walk : (size_t)t.blobs;
+    key_page p = {ctl_req_alloc(req, (room ? room : 1) * sizeof(ctl_str)), 0};
+    if (!p.keys)
         return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
-    store_each(u->store, a->prefix, collect_key, &p);
-    if (a->limit == 0 && p.matches > page)
+    store_list(u->store, a->prefix, a->after, room, take_key, &p);
+    if (p.n > page)
         return ctl_req_fail(req, CTL_PROTOCOL,
-                            "%" PRIu64 " keys match, more than this unit lists at once "
-                            "(--max-list-keys %" PRIu32 "): page with 'after' and "
-                            "'limit'", p.matches, page);
-    /* Heap sort in place: the greatest key goes last, and so on. */
-    for (size_t n = p.n; n > 1; n--) {
-        ctl_str top = p.heap[0];
-        p.heap[0] = p.heap[n - 1];
-        p.heap[n - 1] = top;
-        heap_sift_down(p.heap, n - 1, 0);
-    }
-    result->items = p.heap;
+                            "more than %" PRIu32 " keys match, more than this unit lists "
+                            "at once (--max-list-keys %" PRIu32 "): page with 'after' and "
+                            "'limit'", page, page);
+    result->items = p.keys;
     result->count = p.n;
     return 0;
 }

@@ -2,8 +2,13 @@
  * store.c - see store.h.
  *
  * Blobs sit in a chained hash table (FNV-1a over the key bytes) that doubles
- * when it gets as full as it has buckets. Spill files live in a directory
- * the store opens once; all file operations go through that directory's
+ * when it gets as full as it has buckets. The same nodes are also kept in a
+ * red-black tree in key order (byte order, then length), so `list` seeks to
+ * its first key and walks forward instead of scanning the table: O(log n +
+ * page) whatever the unit holds, with a depth of at most 2 log2(n + 1)
+ * whatever order the keys come in. The tree has parent links, so nothing
+ * on it recurses or keeps a stack. Spill files live in a directory the
+ * store opens once; all file operations go through that directory's
  * descriptor (openat/unlinkat) with names the store makes up, so nothing a
  * client sends ever becomes part of a path.
  */
@@ -20,13 +25,16 @@
 #include <unistd.h>
 
 typedef struct node {
-    struct node *next;
+    struct node *next;               /* in its bucket */
+    struct node *left, *right, *up; /* in the key-ordered tree */
     uint64_t hash;
+    bool red;
     store_blob blob;
 } node;
 
 struct store {
     node **buckets;
+    node *root; /* of the key-ordered tree */
     size_t nbuckets;
     size_t count;
     uint64_t capacity;
@@ -43,10 +51,14 @@ struct store {
     uint64_t pass;
 };
 
-/* A blob's node, two bucket slots (the table is at most half full after it
- * grows) and the headers of its two allocations (node and key copy) fit in
- * what the index charges it. */
-_Static_assert(sizeof(node) + 2 * sizeof(node *) + 2 * 16 + 16 <= STORE_BLOB_OVERHEAD,
+/* What the index charges a blob beside its key covers its node (table
+ * link, tree links and colour, hash, record) with the allocator's header
+ * and rounding (16 bytes on glibc), the smallest chunks the allocator makes
+ * for its key copy and its bytes in memory (32 bytes each on glibc, which
+ * an empty blob or a key of a few bytes still takes; longer ones are
+ * charged their length: the key to the index, the bytes to the capacity)
+ * and two bucket slots (the table is at most half full after it grows). */
+_Static_assert(sizeof(node) + 16 + 2 * 32 + 2 * sizeof(node *) <= STORE_BLOB_OVERHEAD,
                "STORE_BLOB_OVERHEAD is too small for a node");
 
 static uint64_t hash_key(ctl_str k)
@@ -190,6 +202,247 @@ static void grow(store *s)
     s->nbuckets = nb;
 }
 
+/* ---- the key-ordered tree ------------------------------------------------
+ *
+ * A red-black tree (the textbook one, with parent links and NULL leaves):
+ * every path from the root to a leaf has as many black nodes, and no red
+ * node has a red child, so no path is more than twice as long as another.
+ * Loops only: its depth is bounded, but nothing here depends on that. */
+
+/* Byte order, then length: the order of memcmp on keys, which is what a
+ * peer in any language gets by sorting byte strings. */
+static int key_cmp(ctl_str a, ctl_str b)
+{
+    size_t n = a.len < b.len ? a.len : b.len;
+    int c = n ? memcmp(a.ptr, b.ptr, n) : 0;
+    if (c)
+        return c;
+    return a.len < b.len ? -1 : a.len > b.len;
+}
+
+static bool has_prefix(ctl_str key, ctl_str prefix)
+{
+    return key.len >= prefix.len &&
+           (prefix.len == 0 || memcmp(key.ptr, prefix.ptr, prefix.len) == 0);
+}
+
+static bool is_red(const node *n)
+{
+    return n && n->red;
+}
+
+/* Put `to` where `from` hangs (under from's parent, or as the root). */
+static void replace_child(store *s, node *from, node *to)
+{
+    if (!from->up)
+        s->root = to;
+    else if (from == from->up->left)
+        from->up->left = to;
+    else
+        from->up->right = to;
+    if (to)
+        to->up = from->up;
+}
+
+/* x's right child takes its place; x becomes that child's left. */
+static void rotate_left(store *s, node *x)
+{
+    node *y = x->right;
+    x->right = y->left;
+    if (y->left)
+        y->left->up = x;
+    replace_child(s, x, y);
+    y->left = x;
+    x->up = y;
+}
+
+static void rotate_right(store *s, node *x)
+{
+    node *y = x->left;
+    x->left = y->right;
+    if (y->right)
+        y->right->up = x;
+    replace_child(s, x, y);
+    y->right = x;
+    x->up = y;
+}
+
+/* Add `z` (a key not in the tree yet). */
+static void tree_insert(store *s, node *z)
+{
+    node *parent = NULL, **link = &s->root;
+    while (*link) {
+        parent = *link;
+        link = key_cmp(z->blob.key, parent->blob.key) < 0 ? &parent->left : &parent->right;
+    }
+    z->up = parent;
+    z->left = z->right = NULL;
+    z->red = true;
+    *link = z;
+    /* A red node under a red parent: recolour up the tree while the
+     * uncle is red, else one or two rotations end it. The parent being
+     * red, it is not the root (which is black), so the grandparent
+     * exists. */
+    while (is_red(z->up)) {
+        node *p = z->up, *g = p->up;
+        if (p == g->left) {
+            node *uncle = g->right;
+            if (is_red(uncle)) {
+                p->red = uncle->red = false;
+                g->red = true;
+                z = g;
+                continue;
+            }
+            if (z == p->right) {
+                rotate_left(s, p);
+                z = p;
+                p = z->up;
+            }
+            p->red = false;
+            g->red = true;
+            rotate_right(s, g);
+        } else {
+            node *uncle = g->left;
+            if (is_red(uncle)) {
+                p->red = uncle->red = false;
+                g->red = true;
+                z = g;
+                continue;
+            }
+            if (z == p->left) {
+                rotate_right(s, p);
+                z = p;
+                p = z->up;
+            }
+            p->red = false;
+            g->red = true;
+            rotate_left(s, g);
+        }
+    }
+    s->root->red = false;
+}
+
+/* Take `z` out of the tree. */
+static void tree_remove(store *s, node *z)
+{
+    node *x, *xp; /* what took the removed place (may be NULL), its parent */
+    bool removed_black = !z->red;
+    if (!z->left || !z->right) {
+        x = z->left ? z->left : z->right;
+        xp = z->up;
+        replace_child(s, z, x);
+    } else {
+        /* Two children: z's successor (the leftmost of its right subtree,
+         * which has no left child) takes z's place and colour, and the
+         * successor's own place is the one that loses a node. */
+        node *y = z->right;
+        while (y->left)
+            y = y->left;
+        removed_black = !y->red;
+        x = y->right;
+        if (y->up == z) {
+            xp = y;
+        } else {
+            xp = y->up;
+            replace_child(s, y, y->right);
+            y->right = z->right;
+            y->right->up = y;
+        }
+        replace_child(s, z, y);
+        y->left = z->left;
+        y->left->up = y;
+        y->red = z->red;
+    }
+    if (!removed_black)
+        return;
+    /* The paths through x lack one black node. x's sibling w exists (its
+     * side has at least one black node more than x's). */
+    while (x != s->root && !is_red(x)) {
+        if (x == xp->left) {
+            node *w = xp->right;
+            if (w->red) {
+                w->red = false;
+                xp->red = true;
+                rotate_left(s, xp);
+                w = xp->right;
+            }
+            if (!is_red(w->left) && !is_red(w->right)) {
+                w->red = true;
+                x = xp;
+                xp = x->up;
+                continue;
+            }
+            if (!is_red(w->right)) {
+                w->left->red = false;
+                w->red = true;
+                rotate_right(s, w);
+                w = xp->right;
+            }
+            w->red = xp->red;
+            xp->red = false;
+            w->right->red = false;
+            rotate_left(s, xp);
+        } else {
+            node *w = xp->left;
+            if (w->red) {
+                w->red = false;
+                xp->red = true;
+                rotate_right(s, xp);
+                w = xp->left;
+            }
+            if (!is_red(w->left) && !is_red(w->right)) {
+                w->red = true;
+                x = xp;
+                xp = x->up;
+                continue;
+            }
+            if (!is_red(w->left)) {
+                w->right->red = false;
+                w->red = true;
+                rotate_left(s, w);
+                w = xp->left;
+            }
+            w->red = xp->red;
+            xp->red = false;
+            w->left->red = false;
+            rotate_right(s, xp);
+        }
+        x = s->root;
+    }
+    if (x)
+        x->red = false;
+}
+
+/* The node after `n` in key order, or NULL. */
+static node *tree_next(const node *n)
+{
+    if (n->right) {
+        n = n->right;
+        while (n->left)
+            n = n->left;
+        return (node *)n;
+    }
+    while (n->up && n == n->up->right)
+        n = n->up;
+    return n->up;
+}
+
+/* The first node whose key is >= `key` (> when `strict`), or NULL. */
+static node *tree_seek(const store *s, ctl_str key, bool strict)
+{
+    node *found = NULL;
+    for (node *n = s->root; n;) {
+        int c = key_cmp(n->blob.key, key);
+        if (c > 0 || (c == 0 && !strict)) {
+            found = n;
+            n = n->left;
+        } else {
+            n = n->right;
+        }
+    }
+    return found;
+}
+
 /* A spill that failed: the partial file (if any) is removed, and the put
  * fails with UnitFull naming the cause (ENOSPC, EDQUOT, EFBIG, EACCES, an
  * I/O error...): the blob does not fit anywhere, and nothing stored
@@ -312,6 +565,7 @@ int store_put(store *s, ctl_str key, ctl_str data, ctl_hold *hold, bool pin,
         n->hash = h;
         n->next = NULL;
         *p = n;
+        tree_insert(s, n);
         s->count++;
     } else {
         drop_data(s, &n->blob);
@@ -393,6 +647,7 @@ void store_remove(store *s, ctl_str key)
     if (!n)
         return;
     *p = n->next;
+    tree_remove(s, n);
     drop_data(s, &n->blob);
     s->index_bytes -= n->blob.index_cost;
     if (n->blob.pinned)
@@ -402,15 +657,60 @@ void store_remove(store *s, ctl_str key)
     s->count--;
 }
 
-void store_each(store *s, ctl_str prefix, void (*fn)(store_blob *, void *),
-                void *arg)
+size_t store_list(store *s, ctl_str prefix, ctl_str after, size_t max,
+                  void (*fn)(const store_blob *, void *), void *arg)
 {
-    for (size_t i = 0; i < s->nbuckets; i++)
-        for (node *n = s->buckets[i]; n; n = n->next)
-            if (n->blob.key.len >= prefix.len &&
-                (prefix.len == 0 ||
-                 memcmp(n->blob.key.ptr, prefix.ptr, prefix.len) == 0))
-                fn(&n->blob, arg);
+    /* The keys with `prefix` are one run in key order, starting at the
+     * first key >= prefix (a key that lacks it differs from it before its
+     * end, or is shorter, and so sorts wholly before or after the run):
+     * seek to the first key in that run past `after`, and stop at the
+     * first key without the prefix. */
+    node *n = after.len && key_cmp(after, prefix) >= 0 ? tree_seek(s, after, true)
+                                                       : tree_seek(s, prefix, false);
+    size_t count = 0;
+    for (; n && count < max && has_prefix(n->blob.key, prefix); n = tree_next(n)) {
+        fn(&n->blob, arg);
+        count++;
+    }
+    return count;
+}
+
+const char *store_check(store *s)
+{
+    /* Every node with a NULL child ends paths to leaves; they must all
+     * have as many black nodes (counted walking up to the root). */
+    size_t count = 0, black_height = 0;
+    const node *prev = NULL;
+    if (is_red(s->root))
+        return "the root is red";
+    if (s->root && s->root->up)
+        return "the root has a parent";
+    const node *n = s->root;
+    while (n && n->left)
+        n = n->left;
+    for (; n; prev = n, n = tree_next(n)) {
+        count++;
+        if (prev && key_cmp(prev->blob.key, n->blob.key) >= 0)
+            return "keys out of order";
+        if ((n->left && n->left->up != n) || (n->right && n->right->up != n))
+            return "a child's parent link is wrong";
+        if (n->red && (is_red(n->left) || is_red(n->right)))
+            return "a red node has a red child";
+        if (store_find(s, n->blob.key) != &n->blob)
+            return "a key in the tree is not in the table";
+        if (n->left && n->right)
+            continue;
+        size_t blacks = 0;
+        for (const node *a = n; a; a = a->up)
+            blacks += !a->red;
+        if (black_height == 0)
+            black_height = blacks;
+        else if (blacks != black_height)
+            return "paths with different numbers of black nodes";
+    }
+    if (count != s->count)
+        return "the tree and the table hold different numbers of keys";
+    return NULL;
 }
 
 void store_totals_get(const store *s, store_totals *out)
