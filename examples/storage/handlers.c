@@ -225,9 +225,9 @@ static int on_list(void *ctx, const storage_list_args *a,
     store_list(u->store, a->prefix, a->after, room, take_key, &p);
     if (p.n > page)
         return ctl_req_fail(req, CTL_PROTOCOL,
-                            "more than %" PRIu32 " keys match, more than this unit lists "
-                            "at once (--max-list-keys %" PRIu32 "): page with 'after' and "
-                            "'limit'", page, page);
+                            "more than %" PRIu32 " keys match, and this unit lists at most "
+                            "that many at once (--max-list-keys): page with 'after' and "
+                            "'limit'", page);
     result->items = p.keys;
     result->count = p.n;
     return 0;

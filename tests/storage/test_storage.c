@@ -1419,9 +1419,9 @@ static void test_list_paging(void **state)
     a.limit = 0;
     assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err),
                      CTL_TRANSFER);
-    assert_non_null(strstr(f->err.msg, "more than 20 keys match, more than this unit lists "
-                                       "at once (--max-list-keys 20): page with 'after' and "
-                                       "'limit'"));
+    assert_non_null(strstr(f->err.msg, "more than 20 keys match, and this unit lists at "
+                                       "most that many at once (--max-list-keys): page with "
+                                       "'after' and 'limit'"));
     /* ... and fewer are all listed, as an old caller expects. */
     a.prefix = S("p2");
     assert_int_equal(storage_list(f->client, f->endpoint, &a, CALL_MS, &got, &reply, &f->err), 0);
