@@ -283,10 +283,19 @@ int ctl_env_unpack_error(ctl_error *err, const char *address, const char *op,
     const msgpack_object *o_reason = ctl_obj_get(body, "reason");
     const msgpack_object *o_blobs = ctl_obj_get(body, "blobs");
 
-    if (!body || body->type != MSGPACK_OBJECT_MAP)
+    /* The reference design's earlier release answers [kind, msg]: read it
+     * as the map with no reason and no blobs. */
+    if (body && body->type == MSGPACK_OBJECT_ARRAY && body->via.array.size == 2 &&
+        body->via.array.ptr[0].type == MSGPACK_OBJECT_STR &&
+        (body->via.array.ptr[1].type == MSGPACK_OBJECT_STR ||
+         body->via.array.ptr[1].type == MSGPACK_OBJECT_NIL)) {
+        o_kind = &body->via.array.ptr[0];
+        o_msg = &body->via.array.ptr[1];
+    } else if (!body || body->type != MSGPACK_OBJECT_MAP) {
         return ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
                                   "%s at %s: error reply is a %s, not a map",
                                   op, address, ctl_obj_type_name(body));
+    }
     if (!ctl_obj_str(o_kind, &kind))
         return ctl_error_transfer(err, CTL_CAUSE_BAD_REPLY,
                                   "%s at %s: error reply has no string 'kind'",

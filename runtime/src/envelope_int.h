@@ -127,8 +127,10 @@ int ctl_env_decode_reply(const void *data, size_t len, const ctl_limits *limits,
 /*
  * Rebuild the error an error map describes into `err`: UnitFull, Busy
  * (reason), Missing (blobs) keep their kind; Protocol and unknown kinds
- * become CTL_TRANSFER with cause CTL_CAUSE_REMOTE and remote_kind set; a
- * body that is not a well-formed error map becomes CTL_TRANSFER with cause
+ * become CTL_TRANSFER with cause CTL_CAUSE_REMOTE and remote_kind set. The
+ * reference design's earlier two-element form [kind, msg] is read as the
+ * map with no reason and no blobs. A body that is neither becomes
+ * CTL_TRANSFER with cause
  * CTL_CAUSE_BAD_REPLY. Messages name `address` and `op`. Returns the kind.
  */
 int ctl_env_unpack_error(ctl_error *err, const char *address, const char *op,

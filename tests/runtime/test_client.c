@@ -436,6 +436,7 @@ static void test_timeout_then_late_reply(void **state)
 enum fake_mode {
     FAKE_WRONG_ID_FIRST,
     FAKE_UNKNOWN_KIND,
+    FAKE_OLD_FORM,
     FAKE_BAD_ERROR_MAP,
     FAKE_GARBAGE,
     FAKE_OK_NOT_BOOL,
@@ -499,6 +500,14 @@ static void fake_script(tu_fake *fk, const tu_fake_req *req, void *user)
         msgpack_pack_nil(&b.pk);
         tu_pk_str(&b.pk, "blobs");
         msgpack_pack_nil(&b.pk);
+        tu_fake_answer(fk, req, req->id, req->id_len, false, b.sb.data, b.sb.size);
+        break;
+    case FAKE_OLD_FORM:
+        /* The reference design's earlier release: [kind, msg], by op name
+         * (put: a built-in kind; anything else: a kind we do not know). */
+        msgpack_pack_array(&b.pk, 2);
+        tu_pk_str(&b.pk, req->op_len == 3 && memcmp(req->op, "put", 3) == 0 ? "Busy" : "Gone");
+        tu_pk_str(&b.pk, "in the old form");
         tu_fake_answer(fk, req, req->id, req->id_len, false, b.sb.data, b.sb.size);
         break;
     case FAKE_BAD_ERROR_MAP:
@@ -593,6 +602,29 @@ static void test_fake_unknown_kind(void **state)
     assert_non_null(f->err.remote_kind);
     assert_string_equal(f->err.remote_kind, "Weird");
     assert_msg_names(&f->err, addr, "put");
+}
+
+/* A peer that answers errors only in the earlier [kind, msg] form: the
+ * kind is read as from the map; an unknown one is a remote Protocol error. */
+static void test_fake_old_error_form(void **state)
+{
+    fx *f = *state;
+    script *s = start_fake(f, FAKE_OLD_FORM);
+    const char *addr = f->fake_addr;
+    int rc = call(f, addr, "put", CALL_MS);
+    assert_int_equal(rc, CTL_BUSY);
+    assert_null(f->err.reason);
+    assert_msg_names(&f->err, addr, "put");
+    assert_non_null(strstr(f->err.msg, "in the old form"));
+    free_script(f, s);
+    s = start_fake(f, FAKE_OLD_FORM); /* it answers only its first request so */
+    addr = f->fake_addr;
+    rc = call(f, addr, "get", CALL_MS);
+    free_script(f, s);
+    assert_int_equal(rc, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+    assert_string_equal(f->err.remote_kind, "Gone");
+    assert_non_null(strstr(f->err.msg, "Gone error: in the old form"));
 }
 
 static void test_fake_malformed_error_map(void **state)
@@ -1094,6 +1126,7 @@ int main(void)
         T(test_timeout_then_late_reply),
         T(test_fake_wrong_id_then_right),
         T(test_fake_unknown_kind),
+        T(test_fake_old_error_form),
         T(test_fake_malformed_error_map),
         T(test_fake_garbage_reply),
         T(test_fake_ok_not_bool),

@@ -493,10 +493,11 @@ static void pack_bad_body(msgpack_packer *pk, int which)
     case BAD_NIL:
         msgpack_pack_nil(pk);
         break;
-    case BAD_ARRAY:
-        msgpack_pack_array(pk, 2);
-        tu_pk_str(pk, "kind");
+    case BAD_ARRAY: /* not the earlier release's [kind, msg] either */
+        msgpack_pack_array(pk, 3);
         tu_pk_str(pk, "Busy");
+        tu_pk_str(pk, "m");
+        msgpack_pack_nil(pk);
         break;
     case BAD_EMPTY_MAP:
         msgpack_pack_map(pk, 0);
@@ -548,6 +549,42 @@ static void pack_bad_body(msgpack_packer *pk, int which)
     default:
         fail();
     }
+}
+
+/* The reference design's earlier release answers [kind, msg]: each kind is
+ * read as from the map, with no reason and no blobs. */
+static void test_error_old_two_element_form(void **state)
+{
+    fx *f = *state;
+    static const struct {
+        const char *kind;
+        int want;
+    } cases[] = {{"UnitFull", CTL_UNIT_FULL}, {"Busy", CTL_BUSY},   {"Missing", CTL_MISSING},
+                 {"Protocol", CTL_TRANSFER},  {"NoSuchJob", CTL_TRANSFER}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_buf_reset(&f->buf);
+        msgpack_pack_array(&f->buf.pk, 2);
+        tu_pk_str(&f->buf.pk, cases[i].kind);
+        tu_pk_str(&f->buf.pk, "said the old unit");
+        msgpack_object body = unpack_buf(f);
+        assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), cases[i].want);
+        assert_int_equal(f->err.kind, cases[i].want);
+        assert_names_addr_op(&f->err);
+        assert_non_null(strstr(f->err.msg, "said the old unit"));
+        assert_null(f->err.reason);
+        assert_int_equal(f->err.blob_count, 0);
+        if (cases[i].want == CTL_TRANSFER) {
+            assert_int_equal(f->err.cause, CTL_CAUSE_REMOTE);
+            assert_string_equal(f->err.remote_kind, cases[i].kind);
+        }
+    }
+    /* [kind, nil] too: no message. */
+    tu_buf_reset(&f->buf);
+    msgpack_pack_array(&f->buf.pk, 2);
+    tu_pk_str(&f->buf.pk, "UnitFull");
+    msgpack_pack_nil(&f->buf.pk);
+    msgpack_object body = unpack_buf(f);
+    assert_int_equal(ctl_env_unpack_error(&f->err, ADDR, OP, &body), CTL_UNIT_FULL);
 }
 
 static void test_error_map_malformed_is_bad_reply(void **state)
@@ -924,6 +961,7 @@ int main(void)
         T(test_error_map_foreign_key_order),
         T(test_error_map_unknown_kind),
         T(test_error_map_local_kind_names_are_unknown),
+        T(test_error_old_two_element_form),
         T(test_error_map_malformed_is_bad_reply),
         cmocka_unit_test(test_alloc_injection_works),
         cmocka_unit_test(test_error_copy_every_field),
