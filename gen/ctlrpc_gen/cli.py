@@ -130,7 +130,11 @@ def _run(argv: Optional[List[str]]) -> int:
     if model is not None and args.against is not None:
         old = compat.load_file(args.against, diags)
     elif model is not None and args.against_git is not None:
-        old = compat.load_git(args.against_git, args.idl, diags)
+        try:
+            old = compat.load_git(args.against_git, args.idl, diags)
+        except FatalError:
+            sys.stderr.write(diags.render())  # the warnings so far, before the one-line error
+            raise
     if old is not None:
         new = compat.Version(program, model)
         compat.report(compat.compare(old, new), diags, strict=args.strict)
