@@ -3,11 +3,15 @@
     ctlrpc-gen IDL -o OUTDIR     parse, check, render the C files into OUTDIR
     ctlrpc-gen IDL --check       parse and check only (needs no jinja2, writes nothing)
     ctlrpc-gen --version         print `ctlrpc-gen X.Y.Z` (needs no jinja2)
+    ctlrpc-gen --against OLD IDL compare IDL with an older version of it (compat.py), writing
+                                 nothing; with -o OUTDIR, generate too, if the check passes
+    ctlrpc-gen --against-git REV IDL   the same, OLD being IDL's path in git revision REV
 
 Exit status:
     0  success (warnings may have been printed)
     1  a user-facing problem: errors in the IDL, a bad command line, an unreadable file, a
-       missing jinja2, an unwritable output directory
+       missing jinja2, an unwritable output directory; with --against, a wire-breaking change
+       (or, with --strict, a source-breaking one)
     2  a bug in ctlrpc-gen itself: an unexpected exception, reported as an internal error with
        its traceback, never dressed up as a diagnostic
 
@@ -23,6 +27,7 @@ import sys
 import traceback
 from typing import List, Optional
 
+from . import compat
 from .check import check
 from .diag import Diagnostics, FatalError
 from .parser import load_program
@@ -31,8 +36,10 @@ from .version import __version__
 PROG = "ctlrpc-gen"
 
 _EPILOG = """\
-exit status: 0 success, 1 errors in the IDL or its use (diagnostics on stderr),
-2 internal error in ctlrpc-gen (please report it). The language is described in docs/IDL.md.
+exit status: 0 success, 1 errors in the IDL or its use (diagnostics on stderr) or, with
+--against, a wire-breaking change (with --strict, also a source-breaking one), 2 internal error
+in ctlrpc-gen (please report it). The language, and how a service may evolve, are described in
+docs/IDL.md.
 """
 
 
@@ -74,6 +81,18 @@ def _arguments() -> _ArgumentParser:
     p.add_argument("--display-root", metavar="DIR",
                    help="show IDL paths in generated files relative to DIR (default: as given, "
                    "or the file name for an absolute path)")
+    old = p.add_mutually_exclusive_group()
+    old.add_argument("--against", metavar="OLD",
+                     help="compare IDL with OLD, an older version of the service, and report "
+                     "every change: wire-breaking ones as errors (exit status 1), "
+                     "source-breaking ones as warnings, safe ones as notes; writes nothing "
+                     "unless -o is given too")
+    old.add_argument("--against-git", metavar="REV",
+                     help="like --against, OLD being IDL's path in git revision REV (and its "
+                     "imports from there)")
+    p.add_argument("--strict", action="store_true",
+                   help="with --against or --against-git: source-breaking changes are errors "
+                   "too")
     return p
 
 
@@ -98,20 +117,38 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _run(argv: Optional[List[str]]) -> int:
     parser = _arguments()
     args = parser.parse_args(argv)
-    if not args.check and args.out_dir is None:
+    against = args.against is not None or args.against_git is not None
+    if args.strict and not against:
+        parser.error("--strict needs --against or --against-git")
+    if not args.check and args.out_dir is None and not against:
         parser.error("-o OUTDIR is required (or --check to only check)")
 
     diags = Diagnostics()
     program = load_program(args.idl, diags)
     model = check(program, diags) if program is not None else None
+    old = None
+    if model is not None and args.against is not None:
+        old = compat.load_file(args.against, diags)
+    elif model is not None and args.against_git is not None:
+        try:
+            old = compat.load_git(args.against_git, args.idl, diags)
+        except FatalError:
+            sys.stderr.write(diags.render())  # the warnings so far, before the one-line error
+            raise
+    if old is not None:
+        new = compat.Version(program, model)
+        compat.report(compat.compare(old, new), diags, strict=args.strict)
     sys.stderr.write(diags.render())
-    if model is None:
+    if model is None or (against and old is None):
         if diags.error_count == 0:
             raise RuntimeError("no model was built, yet no error was reported")
         return 1
-    if args.check:
+    if diags.error_count:
+        return 1
+    if args.check or args.out_dir is None:
         return 0
-    return _render(model, args.out_dir, args.display_root, args.depfile)
+    extra = old.model.files if args.against is not None else ()
+    return _render(model, args.out_dir, args.display_root, args.depfile, extra)
 
 
 # -- the render stage -------------------------------------------------------------------------
@@ -122,7 +159,9 @@ def _run(argv: Optional[List[str]]) -> int:
 # for problems the user must fix (e.g. an unwritable OUTDIR).
 
 
-def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str]) -> int:
+def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str],
+            extra_inputs=()) -> int:
+    """Render; the depfile also names `extra_inputs` (the files --against read)."""
     module = f"{__package__}.render"
     try:
         render = importlib.import_module(module)
@@ -138,7 +177,12 @@ def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[
                              "install it for that Python (Debian: apt-get install "
                              "python3-jinja2), or pass --check to only check the IDL") from None
         raise
-    render.render(model, out_dir, display_root=display_root, depfile=depfile)
+    if not extra_inputs:
+        render.render(model, out_dir, display_root=display_root, depfile=depfile)
+        return 0
+    paths = render.render(model, out_dir, display_root=display_root)
+    if depfile:
+        render.write_depfile(depfile, paths, tuple(model.files) + tuple(extra_inputs))
     return 0
 
 

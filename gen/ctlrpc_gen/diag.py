@@ -16,6 +16,9 @@ Rendering (what a user sees, on stderr):
   output does not depend on which stage found what first. The output is deterministic.
 - A location with line 0 denotes a whole file (for example one that cannot be read); it renders as
   `path: error: message` with no source line.
+- A diagnostic may carry notes (`path:line:col: note: ...`, each with its source and caret lines),
+  printed right after it whatever file they point into; `ctlrpc-gen --against` uses them to point
+  at the old version of a declaration. A diagnostic may itself be a note.
 
 Exit status is the CLI's business (1 if any error was reported); warnings never change it.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,10 @@ class Loc:
 
 @dataclass(frozen=True)
 class Diagnostic:
-    severity: str  # 'error' or 'warning'
+    severity: str  # 'error', 'warning' or 'note'
     loc: Loc
     message: str
+    notes: Tuple["Diagnostic", ...] = ()  # shown right after it, in this order
 
 
 class FatalError(Exception):
@@ -87,6 +91,13 @@ class Diagnostics:
     def warning(self, loc: Loc, message: str) -> None:
         self._items.append(Diagnostic("warning", loc, message))
 
+    def add(self, severity: str, loc: Loc, message: str,
+            notes: Sequence[Tuple[Loc, str]] = ()) -> None:
+        """A diagnostic of any severity ('error', 'warning' or 'note') with notes, each a
+        (location, message) pair."""
+        self._items.append(Diagnostic(severity, loc, message,
+                                      tuple(Diagnostic("note", l, m) for l, m in notes)))
+
     @property
     def error_count(self) -> int:
         return sum(1 for d in self._items if d.severity == "error")
@@ -101,13 +112,14 @@ class Diagnostics:
         """All diagnostics as text: a header line, then the source line and a caret line."""
         out: List[str] = []
         for d in self.sorted():
-            out.append(f"{d.loc}: {d.severity}: {d.message}")
-            if d.loc.line <= 0:
-                continue
-            lines = self._lines.get(d.loc.path, [])
-            source = lines[d.loc.line - 1] if d.loc.line <= len(lines) else ""
-            out.append(source)
-            out.append(_caret_line(source, d.loc.col, d.loc.span))
+            for one in (d,) + d.notes:
+                out.append(f"{one.loc}: {one.severity}: {one.message}")
+                if one.loc.line <= 0:
+                    continue
+                lines = self._lines.get(one.loc.path, [])
+                source = lines[one.loc.line - 1] if one.loc.line <= len(lines) else ""
+                out.append(source)
+                out.append(_caret_line(source, one.loc.col, one.loc.span))
         return "".join(line + "\n" for line in out)
 
 

@@ -1,6 +1,6 @@
 # ctlrpc_generate(): regenerate typed stubs from an IDL file during the build.
 #
-#   ctlrpc_generate(<target> IDL <file.idl> [OUT <dir>])
+#   ctlrpc_generate(<target> IDL <file.idl> [OUT <dir>] [AGAINST <old.idl> [STRICT]])
 #
 # Runs ctlrpc-gen on <file.idl> into <dir> (default:
 # ${CMAKE_CURRENT_BINARY_DIR}/ctlrpc-gen/<stem>), adds the generated
@@ -8,6 +8,12 @@
 # against libctlrpc. The files are regenerated whenever the IDL, any IDL it
 # imports, the generator's code or one of its templates changes; they live
 # in the build tree and are never committed.
+#
+# AGAINST <old.idl> (a released version of the service, kept in the source
+# tree) checks each generation against it (`ctlrpc-gen --against`, see
+# docs/IDL.md, "Evolving a service"): a wire-breaking change fails the build
+# with its diagnostics and writes nothing; STRICT fails it on
+# source-breaking changes too. <old.idl> and its imports are dependencies.
 #
 # One IDL, one stubs target: a server and a client of the same service link
 # the one library that generated it. Generating the same files twice (the
@@ -88,7 +94,7 @@ function(_ctlrpc_find_python)
 endfunction()
 
 function(ctlrpc_generate target)
-  cmake_parse_arguments(ARG "" "IDL;OUT" "" ${ARGN})
+  cmake_parse_arguments(ARG "STRICT" "IDL;OUT;AGAINST" "" ${ARGN})
   if(NOT ARG_IDL)
     message(FATAL_ERROR "ctlrpc_generate(${target}): IDL <file> is required")
   endif()
@@ -104,6 +110,19 @@ function(ctlrpc_generate target)
   get_filename_component(idl "${ARG_IDL}" ABSOLUTE)
   if(NOT EXISTS "${idl}")
     message(FATAL_ERROR "ctlrpc_generate(${target}): IDL file ${idl} does not exist")
+  endif()
+  set(against "")
+  if(ARG_AGAINST)
+    get_filename_component(ARG_AGAINST "${ARG_AGAINST}" ABSOLUTE)
+    if(NOT EXISTS "${ARG_AGAINST}")
+      message(FATAL_ERROR "ctlrpc_generate(${target}): AGAINST file ${ARG_AGAINST} does not exist")
+    endif()
+    set(against --against "${ARG_AGAINST}")
+    if(ARG_STRICT)
+      list(APPEND against --strict)
+    endif()
+  elseif(ARG_STRICT)
+    message(FATAL_ERROR "ctlrpc_generate(${target}): STRICT needs AGAINST <old.idl>")
   endif()
   get_filename_component(stem "${idl}" NAME_WE)
   if(NOT ARG_OUT)
@@ -141,10 +160,10 @@ function(ctlrpc_generate target)
   add_custom_command(
     OUTPUT ${outputs}
     COMMAND "${CTLRPC_PYTHON}" "${CTLRPC_GEN}" "${idl}"
-            -o "${ARG_OUT}" --depfile "${depfile}"
+            -o "${ARG_OUT}" --depfile "${depfile}" ${against}
     ${touch_outputs}
     MAIN_DEPENDENCY "${idl}"
-    DEPENDS ${CTLRPC_GEN_DEPENDS}
+    DEPENDS ${CTLRPC_GEN_DEPENDS} ${ARG_AGAINST}
     DEPFILE "${depfile}"
     COMMENT "ctlrpc-gen ${stem}.idl"
     VERBATIM)
