@@ -24,9 +24,8 @@ the class in brackets, like a compiler's warning flag: `[wire-breaking]`, `[sour
 
 OLD is read from a file (`load_file`) or from a git revision (`load_git`: `git cat-file` of the
 same path, and of the files it imports, from that revision). Both are checked like NEW; an OLD
-with errors is reported and the comparison does not run. Error kinds declared in the IDL (when
-the model has them as `Model.error_kinds` entries with a `name`, and optionally `loc` and `doc`)
-are compared too; the built-in kinds are the same in both versions.
+with errors is reported and the comparison does not run. Error kinds declared in the IDL
+are compared too (`Model.errors`); the built-in kinds are the same in both versions.
 """
 
 from __future__ import annotations
@@ -713,8 +712,8 @@ class _Compare:
 
     def raises(self, old: m.Op, new: m.Op) -> None:
         wo, wn = self.where_old, self.where_new
-        why = ("'raises' does not travel on the wire, and a client handles every kind (one it "
-               "does not know as Protocol)")
+        why = ("every peer reads any kind as a well-formed error (one it does not know as "
+               "Protocol), and a unit sends only the kinds its own IDL lists")
         for k in new.raises:
             if k not in old.raises:
                 self.add(SAFE, wn.raised(new, k),
@@ -722,17 +721,25 @@ class _Compare:
                          (old.loc, f"op '{old.name}' did not list it here"))
         for k in old.raises:
             if k not in new.raises:
-                self.add(SAFE, new.loc,
-                         f"op '{new.name}' no longer lists '{k}' in 'raises': {why}",
-                         (wo.raised(old, k), f"'{k}' was listed here"))
+                if k in m.ERROR_KINDS:
+                    self.add(SAFE, new.loc,
+                             f"op '{new.name}' no longer lists '{k}' in 'raises': {why}",
+                             (wo.raised(old, k), f"'{k}' was listed here"))
+                else:
+                    self.add(SOURCE, new.loc,
+                             f"op '{new.name}' no longer lists the declared kind '{k}' in "
+                             f"'raises': its generated raise helper ({new.name}_raise_{k}) "
+                             "is gone, and a handler that still raises it is answered with "
+                             "a Protocol error",
+                             (wo.raised(old, k), f"'{k}' was listed here"))
 
     # -- error kinds declared in the IDL -------------------------------------------------------
 
     def error_kinds(self) -> None:
-        """Declared error kinds, where the model has them (entries of `error_kinds` with a
-        `name`); built-in kinds are plain strings, the same in both versions."""
+        """Declared error kinds (`Model.errors`); built-in kinds are the same in both
+        versions."""
         def declared(mod: m.Model) -> Dict[str, object]:
-            return {k.name: k for k in getattr(mod, "error_kinds", ()) if hasattr(k, "name")}
+            return {k.name: k for k in mod.errors}
 
         old, new = declared(self.old), declared(self.new)
         svc_loc = self.new.service.loc
@@ -748,8 +755,8 @@ class _Compare:
                          f"error kind '{name}'")
         for name, k in old.items():
             if name not in new:
-                self.add(SOURCE, svc_loc, f"error kind '{name}' was removed: its generated C "
-                                          "name is gone",
+                self.add(SOURCE, svc_loc, f"error kind '{name}' was removed: the constant and "
+                                          "the exception class generated for it are gone",
                          (getattr(k, "loc", None) or self.old.service.loc,
                           f"error kind '{name}' was declared here"))
 

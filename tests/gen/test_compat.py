@@ -15,21 +15,17 @@ import shutil
 import subprocess
 import tempfile
 import unittest
-from dataclasses import dataclass, replace
 from unittest import mock
 
 import support
 from ctlrpc_gen import cli, compat
-from ctlrpc_gen.check import check
-from ctlrpc_gen.diag import Diagnostics, Loc
-from ctlrpc_gen.parser import load_program
 
 DOC = os.path.join(support.REPO, "docs", "IDL.md")
 
 RULES = """
     op-added op-removed op-renamed op-became-notify notify-became-op ops-reordered
     result-added result-added-optional result-removed result-changed result-widened
-    raises-added raises-removed
+    raises-added raises-removed raises-declared-removed error-added error-removed
     arg-added-default arg-added-optional arg-added arg-removed notify-arg-removed arg-renamed
     args-reordered
     default-changed field-default-changed default-added default-removed
@@ -434,46 +430,6 @@ class AgainstGit(TempDir):
             status, _, err = self.compare("--against-git", "HEAD", "idl/s.idl", cwd=self.repo)
         self.assertEqual((status, err), (1, "ctlrpc-gen: error: --against-git needs git, which "
                                             "cannot be run: No such file or directory\n"))
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """An error kind as an IDL declaration might carry it into the model."""
-
-    name: str
-    loc: Loc
-    doc: str = None
-
-
-class DeclaredErrorKinds(TempDir):
-    """Declared error kinds are compared where the model has them (Model.error_kinds entries
-    with a name); built-in kinds are plain strings and never differ."""
-
-    def versions(self, old_kinds, new_kinds):
-        diags = Diagnostics()
-        self.write("s.idl", "service s;\nop ping();\n")
-        path = os.path.join(self.tmp, "s.idl")
-        program = load_program(path, diags)
-        base = check(program, diags)
-        old = compat.Version(program, replace(base, error_kinds=base.error_kinds + old_kinds))
-        new = compat.Version(program, replace(base, error_kinds=base.error_kinds + new_kinds))
-        return compat.compare(old, new)
-
-    def test_added_is_safe_removed_is_source_breaking(self):
-        here = Loc("s.idl", 2, 1)
-        changes = self.versions((_Kind("Gone", here),), (_Kind("NotFound", here, "doc"),))
-        got = sorted((compat.CLASSES[c.level], c.message.split(":")[0]) for c in changes)
-        self.assertEqual(got, [("safe", "error kind 'NotFound' was added"),
-                               ("source-breaking", "error kind 'Gone' was removed")])
-
-    def test_doc_change_is_safe(self):
-        here = Loc("s.idl", 2, 1)
-        changes = self.versions((_Kind("NotFound", here, "a"),), (_Kind("NotFound", here, "b"),))
-        self.assertEqual([(c.level, c.message.split(":")[0]) for c in changes],
-                         [(compat.SAFE, "the doc comment of error kind 'NotFound' was changed")])
-
-    def test_built_in_kinds_are_no_change(self):
-        self.assertEqual(self.versions((), ()), [])
 
 
 if __name__ == "__main__":
