@@ -52,7 +52,10 @@ set(exported "")
 foreach(line IN LISTS lines)
   string(REGEX REPLACE "^[0-9a-f]+ [A-Za-z] " "" sym "${line}")
   string(REGEX REPLACE "@.*" "" sym "${sym}")
-  list(APPEND exported "${sym}")
+  # Sanitizer builds add their own (__odr_asan.<name>, ...): never ours.
+  if(NOT sym MATCHES "^__")
+    list(APPEND exported "${sym}")
+  endif()
 endforeach()
 list(SORT exported)
 
