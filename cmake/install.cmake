@@ -11,6 +11,9 @@
 #   programs     bin/ctl-storage-unit, bin/ctl-storage, their man pages
 #                (when CTLRPC_EXAMPLES)
 #   doc          share/doc/ctlrpc/: the README, docs/*.md, the storage IDL
+#   python       the Python runtime, package `ctlrpc`, in
+#                lib/python3/dist-packages/ (Debian's directory for
+#                packaged modules; on another prefix, put it on PYTHONPATH)
 #
 # The installed generator runs with CTLRPC_PYTHON as found at configure
 # time (its #! line); ctlrpcConfig.cmake checks again that that Python has
@@ -76,6 +79,14 @@ install(CODE "
   file(INSTALL \"${PROJECT_BINARY_DIR}/install/pc/ctlrpc.pc\"
        DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig\")
 " COMPONENT development)
+
+# ---- the Python runtime ---------------------------------------------------
+set(CTLRPC_PYTHON_DIR "lib/python3/dist-packages" CACHE STRING
+    "Where (under the prefix) the Python runtime package ctlrpc is installed")
+if(EXISTS "${PROJECT_SOURCE_DIR}/runtime/python/ctlrpc")
+  install(DIRECTORY runtime/python/ctlrpc DESTINATION ${CTLRPC_PYTHON_DIR} COMPONENT python
+          PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
+endif()
 
 # ---- programs, man pages, docs -------------------------------------------
 install(FILES man/ctlrpc-gen.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1

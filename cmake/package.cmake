@@ -4,6 +4,7 @@
 #   libctlrpc-dev   development  headers, static library, ctlrpc-gen and its
 #                   + doc        templates, the CMake package, ctlrpc.pc, docs
 #   ctlrpc-storage  programs     ctl-storage-unit and ctl-storage
+#   python3-ctlrpc  python       the Python runtime (package `ctlrpc`)
 #
 # Files are named ctlrpc-<package>_<version>_<arch>.deb (ctlrpc-storage
 # keeps its name), so `apt-get install ./ctlrpc*.deb` installs them all.
@@ -36,6 +37,9 @@ set(_ctl_deb_tail "${PROJECT_VERSION}-1_${CPACK_DEBIAN_PACKAGE_ARCHITECTURE}.deb
 
 # The doc component goes into the development package.
 set(CPACK_COMPONENTS_ALL runtime development doc)
+if(EXISTS "${PROJECT_SOURCE_DIR}/runtime/python/ctlrpc")
+  list(APPEND CPACK_COMPONENTS_ALL python)
+endif()
 if(CTLRPC_EXAMPLES)
   list(APPEND CPACK_COMPONENTS_ALL programs)
 endif()
@@ -43,6 +47,7 @@ set(CPACK_COMPONENT_DOC_GROUP dev)
 set(CPACK_COMPONENT_DEVELOPMENT_GROUP dev)
 set(CPACK_COMPONENT_RUNTIME_GROUP runtime)
 set(CPACK_COMPONENT_PROGRAMS_GROUP programs)
+set(CPACK_COMPONENT_PYTHON_GROUP python)
 set(CPACK_COMPONENTS_GROUPING ONE_PER_GROUP)
 
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME libctlrpc0)
@@ -64,6 +69,15 @@ set(CPACK_DEBIAN_PROGRAMS_FILE_NAME "ctlrpc-storage_${_ctl_deb_tail}")
 set(CPACK_DEBIAN_PROGRAMS_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PROGRAMS_DESCRIPTION
     "ctlrpc example storage service: unit and client\n ctl-storage-unit serves the storage service's control ops; ctl-storage calls\n them from a shell.")
+
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-ctlrpc)
+set(CPACK_DEBIAN_PYTHON_FILE_NAME "ctlrpc-python3-ctlrpc_${PROJECT_VERSION}-1_all.deb")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3, python3-zmq, python3-msgpack")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS OFF)
+set(CPACK_DEBIAN_PYTHON_DESCRIPTION
+    "ctlrpc Python runtime\n The pure-Python runtime (package ctlrpc) under the Python modules ctlrpc-gen\n generates: the same wire, errors and semantics as libctlrpc.")
 
 set(CPACK_OUTPUT_FILE_PREFIX "${PROJECT_BINARY_DIR}/debs")
 include(CPack)
