@@ -1,6 +1,8 @@
 """Command line of ctlrpc-gen: run the stages, print diagnostics, choose the exit status.
 
     ctlrpc-gen IDL -o OUTDIR     parse, check, render the C files into OUTDIR
+    ctlrpc-gen --lang python IDL -o OUTDIR
+                                 the same, rendering OUTDIR/<service>_ctl.py instead
     ctlrpc-gen IDL --check       parse and check only (needs no jinja2, writes nothing)
     ctlrpc-gen --version         print `ctlrpc-gen X.Y.Z` (needs no jinja2)
 
@@ -68,6 +70,9 @@ def _arguments() -> _ArgumentParser:
                    help="directory for the generated files (required unless --check)")
     p.add_argument("--check", action="store_true",
                    help="only parse and check the IDL; write nothing")
+    p.add_argument("--lang", choices=("c", "python"), default="c",
+                   help="what to generate: C stubs (S.ctl.h and S.ctl.c, the default) or a "
+                   "Python module (<service>_ctl.py)")
     p.add_argument("--depfile", metavar="FILE",
                    help="also write a Makefile-style depfile listing every IDL file read "
                    "(for build systems)")
@@ -111,7 +116,7 @@ def _run(argv: Optional[List[str]]) -> int:
         return 1
     if args.check:
         return 0
-    return _render(model, args.out_dir, args.display_root, args.depfile)
+    return _render(model, args.out_dir, args.display_root, args.depfile, args.lang)
 
 
 # -- the render stage -------------------------------------------------------------------------
@@ -122,8 +127,9 @@ def _run(argv: Optional[List[str]]) -> int:
 # for problems the user must fix (e.g. an unwritable OUTDIR).
 
 
-def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str]) -> int:
-    module = f"{__package__}.render"
+def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str],
+            lang: str = "c") -> int:
+    module = f"{__package__}.render" + ("_py" if lang == "python" else "")
     try:
         render = importlib.import_module(module)
     except ImportError as e:
