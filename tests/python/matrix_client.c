@@ -349,19 +349,23 @@ int main(int argc, char **argv)
     /* _many: the same args to several units, one outcome per address */
     {
         const char *addrs[2] = {addr, addr};
-        matrix_describe_args d = MATRIX_DESCRIBE_ARGS_INIT;
-        d.flag = true;
+        /* The C stubs take args per address; both get the same here. */
+        matrix_describe_args d[2] = {MATRIX_DESCRIBE_ARGS_INIT, MATRIX_DESCRIBE_ARGS_INIT};
+        d[0].flag = d[1].flag = true;
         matrix_describe_outcome out[2];
-        CHECK(matrix_describe_many(c, addrs, &d, 2, MS, out) == 0, "describe_many");
+        CHECK(matrix_describe_many(c, addrs, d, 2, MS, out) == 0, "describe_many");
         for (int i = 0; i < 2; i++)
             CHECK(out[i].error.kind == CTL_OK && str_is(out[i].result, FLAG_LINE),
-                  "describe_many[%d]", i);
+                  "describe_many[%d]: %s", i, out[i].error.msg ? out[i].error.msg : "");
         matrix_describe_outcomes_fini(out, 2);
-        matrix_fail_args fa = MATRIX_FAIL_ARGS_INIT;
-        fa.kind = S("Stale");
-        fa.reason = (matrix_opt_str){true, S("r")};
+        matrix_fail_args fa[2];
+        for (int i = 0; i < 2; i++) {
+            matrix_fail_args_init(&fa[i]);
+            fa[i].kind = S("Stale");
+            fa[i].reason = (matrix_opt_str){true, S("r")};
+        }
         matrix_fail_outcome fo[2];
-        CHECK(matrix_fail_many(c, addrs, &fa, 2, MS, fo) == 2, "fail_many");
+        CHECK(matrix_fail_many(c, addrs, fa, 2, MS, fo) == 2, "fail_many");
         for (int i = 0; i < 2; i++)
             CHECK(fo[i].error.kind == CTL_DECLARED && fo[i].error.code == MATRIX_ERR_Stale &&
                   fo[i].error.reason && strcmp(fo[i].error.reason, "r") == 0,
