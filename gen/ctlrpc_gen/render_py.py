@@ -13,7 +13,7 @@ This module decides what the model leaves open for Python:
   Python or would collide with a name the generated code itself needs; then the Python name gets
   a trailing `_` (more than one if that is taken too). The wire name never changes. The rules:
   records and error kinds (module level): Python keywords, builtins, and the module's own public
-  names (`Client`, `Handlers`, `serve`); ops (methods of Client and Handlers): keywords and
+  names (`Client`, `Handlers`, `serve`, `SERVICE`); ops (methods of Client and Handlers): keywords and
   Client's own attributes (`close`, `rpc`); arguments (parameters): keywords and the methods' own
   parameters (`self`, `address`, `addresses`, `timeout`); fields (dataclass attributes):
   keywords, `self` and the record class names (a class attribute would shadow them in the
@@ -47,7 +47,7 @@ _BUILTINS = frozenset((
     "bool", "int", "float", "str", "bytes", "bytearray", "memoryview", "list", "tuple", "dict",
     "object", "type", "isinstance", "len", "getattr", "repr", "super", "enumerate", "zip",
     "Exception", "TypeError", "ValueError", "OverflowError", "NotImplementedError"))
-MODULE_NAMES = frozenset({"Client", "Handlers", "serve"})
+MODULE_NAMES = frozenset({"Client", "Handlers", "serve", "SERVICE"})
 CLIENT_ATTRS = frozenset({"close", "rpc"})
 PARAM_NAMES = frozenset({"self", "address", "addresses", "timeout"})
 SCALAR_PY = {
