@@ -337,9 +337,10 @@ class Server:
                     break
                 if self._zap is not None and self._zap in events:
                     self._serve_zap()
-                # Requests still queued when close is called are not served.
+                # Requests still queued when close is called are not served, and those
+                # queued when drain is called are answered by the drain.
                 for _ in range(BATCH):
-                    if self._stopping or not self._serve_one():
+                    if self._stopping or self._draining or not self._serve_one():
                         break
                 if self._stopping:
                     break
