@@ -504,6 +504,17 @@ class TestDrain(ServerCase):
             self.c.call(s.endpoint, "echo", timeout=0.2)
         s.close()
 
+    def test_close_from_a_handler(self):
+        holder = {}
+        def stop(args):
+            holder["server"].close()
+            return "stopping"
+        s = holder["server"] = ctlrpc.Server({"stop": stop}, "tcp://127.0.0.1:0")
+        self.assertEqual(self.c.call(s.endpoint, "stop"), "stopping")
+        support.wait_for(lambda: not s._thread.is_alive(), "the server thread to end")
+        with self.assertRaises(ctlrpc.Timeout):
+            self.c.call(s.endpoint, "stop", timeout=0.2)
+
     def test_drain_idle(self):
         s = self.serve()
         t0 = time.monotonic()
