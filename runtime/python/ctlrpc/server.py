@@ -280,6 +280,11 @@ class Server:
         self._closed = True
         self._stopping = True
         self._wake()
+        if threading.current_thread() is self._thread:
+            # From a handler: the thread stops once it returns, and cleans up after itself.
+            with self._fds_lock:
+                self._abandoned = True
+            return
         self._thread.join(wait)
         with self._fds_lock:
             if self._thread.is_alive():
@@ -298,7 +303,8 @@ class Server:
         self._drain_deadline = time.monotonic() + max(0.0, timeout)
         self._draining = True
         self._wake()
-        self._thread.join(max(0.0, timeout) + CLOSE_WAIT)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(max(0.0, timeout) + CLOSE_WAIT)
         self.close()
 
     def __enter__(self) -> Server:
@@ -337,9 +343,10 @@ class Server:
                     break
                 if self._zap is not None and self._zap in events:
                     self._serve_zap()
-                # Requests still queued when close is called are not served.
+                # Requests still queued when close is called are not served, and those
+                # queued when drain is called are answered by the drain.
                 for _ in range(BATCH):
-                    if self._stopping or not self._serve_one():
+                    if self._stopping or self._draining or not self._serve_one():
                         break
                 if self._stopping:
                     break

@@ -165,8 +165,8 @@ int main(int argc, char **argv)
     size_t n = sizeof vecs / sizeof vecs[0];
 
     if (argc == 2 && strcmp(argv[1], "--print") == 0) {
-        printf("# The golden vectors of tests/python/matrix.idl: <case> <op> <args map in hex>,\n"
-               "# as the C stubs pack them (tests/python/golden.c --print; regenerate with\n"
+        printf("# The golden vectors of tests/pygen/matrix.idl: <case> <op> <args map in hex>,\n"
+               "# as the C stubs pack them (tests/pygen/golden.c --print; regenerate with\n"
                "# scripts/golden.sh). test_golden.py checks the Python client against them.\n");
         for (size_t i = 0; i < n; i++) {
             char *hex = pack_hex(&vecs[i]);
