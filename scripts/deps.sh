@@ -7,7 +7,7 @@ set -euo pipefail
 CTLRPC_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-dev
   libzmq3-dev libmsgpack-dev libcmocka-dev
-  python3 python3-jinja2 python3-zmq python3-msgpack
+  python3 python3-jinja2 python3-zmq python3-msgpack mypy
 )
 
 ctlrpc_install_deps() {

@@ -1,6 +1,8 @@
 """Command line of ctlrpc-gen: run the stages, print diagnostics, choose the exit status.
 
     ctlrpc-gen IDL -o OUTDIR     parse, check, render the C files into OUTDIR
+    ctlrpc-gen --lang python IDL -o OUTDIR
+                                 the same, rendering OUTDIR/<service>_ctl.py instead
     ctlrpc-gen IDL --check       parse and check only (needs no jinja2, writes nothing)
     ctlrpc-gen --version         print `ctlrpc-gen X.Y.Z` (needs no jinja2)
     ctlrpc-gen --against OLD IDL compare IDL with an older version of it (compat.py), writing
@@ -75,6 +77,9 @@ def _arguments() -> _ArgumentParser:
                    help="directory for the generated files (required unless --check)")
     p.add_argument("--check", action="store_true",
                    help="only parse and check the IDL; write nothing")
+    p.add_argument("--lang", choices=("c", "python"), default="c",
+                   help="what to generate: C stubs (S.ctl.h and S.ctl.c, the default) or a "
+                   "Python module (<service>_ctl.py)")
     p.add_argument("--depfile", metavar="FILE",
                    help="also write a Makefile-style depfile listing every IDL file read "
                    "(for build systems)")
@@ -148,7 +153,7 @@ def _run(argv: Optional[List[str]]) -> int:
     if args.check or args.out_dir is None:
         return 0
     extra = old.model.files if args.against is not None else ()
-    return _render(model, args.out_dir, args.display_root, args.depfile, extra)
+    return _render(model, args.out_dir, args.display_root, args.depfile, extra, args.lang)
 
 
 # -- the render stage -------------------------------------------------------------------------
@@ -160,9 +165,10 @@ def _run(argv: Optional[List[str]]) -> int:
 
 
 def _render(model, out_dir: str, display_root: Optional[str], depfile: Optional[str],
-            extra_inputs=()) -> int:
-    """Render; the depfile also names `extra_inputs` (the files --against read)."""
-    module = f"{__package__}.render"
+            extra_inputs=(), lang: str = "c") -> int:
+    """Render `model` in `lang`; the depfile also names `extra_inputs` (the files --against
+    read)."""
+    module = f"{__package__}.render" + ("_py" if lang == "python" else "")
     try:
         render = importlib.import_module(module)
     except ImportError as e:

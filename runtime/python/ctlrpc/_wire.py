@@ -1,0 +1,440 @@
+"""The messages of the wire, as bytes: requests and replies, both directions, bounded decoding.
+
+Requests are `[op: str, id: str, args: map]`, replies `[id: str, ok: bool, result-or-error]`
+(docs/PROTOCOL.md, "Messages"). This module is the Python twin of the C runtime's envelope and
+codec: it packs requests, replies and error maps, and decodes what a peer sent without letting
+a hostile header make it allocate.
+
+Decoding reads an envelope's head by hand (which tells a payload that cannot be answered from
+one that must get a Protocol error), then walks the body with `wire_check`, an iterative scan
+that allocates nothing and refuses nesting deeper than `Limits.max_depth`, more objects than
+`Limits.max_items`, and any container whose element count exceeds the bytes left (each element
+takes at least one byte). Only then does msgpack unpack the body, with its own length limits
+set from the message's size. So a 5-byte header that claims a 4 GiB array is refused at once.
+
+Strings are decoded as UTF-8 with `surrogateescape`, and packed the same way, so a string that
+is not valid UTF-8 survives a round trip byte for byte (as it does through the C runtime, which
+keeps strings as bytes).
+
+Everything here is pure: no sockets, no state; every function is reentrant. The outcomes are
+closed sets, which the fuzz test holds them to: `decode_request` returns a `Request` or raises
+`DropRequest`; `decode_reply` returns a `Reply` or raises `BadReply`; `error_from_body` always
+returns an `errors.Error`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
+
+import msgpack  # type: ignore[import]
+
+from . import errors
+
+DEFAULT_MAX_MSG_BYTES = 256 << 20
+DEFAULT_MAX_DEPTH = 32  # the C runtime's (msgpack-c's own stack depth); the envelope is level 1
+DEFAULT_MAX_ITEMS = 1 << 20
+
+# The bytes msgpack never uses.
+_BAD_BYTE = 0xC1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Decoding bounds, with the C runtime's defaults (ctl_limits in ctlrpc/codec.h).
+
+    `max_msg_bytes` is enforced by ZeroMQ (ZMQ_MAXMSGSIZE) before anything is read; the other two
+    by `wire_check` before msgpack unpacks anything.
+    """
+
+    max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_items: int = DEFAULT_MAX_ITEMS
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# ---- outcomes ---------------------------------------------------------------------------------
+
+class WireError(Exception):
+    """A payload this module refuses; `why` says what is wrong, in words for a message."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class DropRequest(WireError):
+    """A request payload with no usable op and id: nothing can be answered; drop and count it."""
+
+
+class BadReply(WireError):
+    """A reply payload that is not `[str, bool, any]` within the limits."""
+
+
+@dataclass
+class Request:
+    """A decoded request. `op` and `id` are always usable; when `bad` is set (args not a map,
+    truncated, too deep, trailing bytes...) it says what is wrong and `args` is None."""
+
+    op: str
+    id: str
+    args: Optional[Dict[str, Any]]
+    bad: Optional[str] = None
+
+
+@dataclass
+class Reply:
+    """A decoded reply: `body` is the result when `ok`, else what should be an error map."""
+
+    id: str
+    ok: bool
+    body: Any
+
+
+# ---- the bounded scan -------------------------------------------------------------------------
+
+# Heads of fixed size beyond the first byte: byte -> bytes of inline body.
+_FIXED = {0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4,
+          0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+# Length-prefixed heads: byte -> (bytes of the length field, form).
+_BYTES, _EXT, _ARRAY, _MAP = range(4)
+_PREFIXED = {0xC4: (1, _BYTES), 0xC5: (2, _BYTES), 0xC6: (4, _BYTES),
+             0xC7: (1, _EXT), 0xC8: (2, _EXT), 0xC9: (4, _EXT),
+             0xD9: (1, _BYTES), 0xDA: (2, _BYTES), 0xDB: (4, _BYTES),
+             0xDC: (2, _ARRAY), 0xDD: (4, _ARRAY), 0xDE: (2, _MAP), 0xDF: (4, _MAP)}
+
+WIRE_OK = "ok"
+WIRE_TRUNCATED = "truncated"
+WIRE_BAD_BYTE = "invalid byte 0xc1"
+WIRE_TOO_DEEP = "nested too deeply"
+WIRE_TOO_MANY = "too many objects"
+WIRE_BAD_COUNT = "container count exceeds the message size"
+
+
+def wire_check(data: bytes, pos: int = 0, limits: Limits = DEFAULT_LIMITS, depth0: int = 0,
+               items: int = 0) -> Tuple[str, int, int]:
+    """Scan exactly one msgpack object starting at `data[pos]` without building anything.
+
+    Returns (status, end, items): status is WIRE_OK or one of the WIRE_* words above (they are
+    the C runtime's ctl_wire_status names); `end` is where the object ends (meaningful with
+    WIRE_OK); `items` is the running object count, starting from `items`, so one message's
+    parts share one budget. `depth0` is the level the object sits at (0 at top level).
+    """
+    n = len(data)
+    open_: List[int] = []  # children left per open container
+    count = items
+    while True:
+        if pos >= n:
+            return WIRE_TRUNCATED, pos, count
+        count += 1
+        if count > limits.max_items:
+            return WIRE_TOO_MANY, pos, count
+        b = data[pos]
+        left = n - pos
+        head = 1
+        body = 0
+        children = 0
+        container = False
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+            pass
+        elif b <= 0x8F:
+            children = 2 * (b & 0x0F)
+            container = True
+        elif b <= 0x9F:
+            children = b & 0x0F
+            container = True
+        elif b <= 0xBF:
+            body = b & 0x1F
+        elif b == _BAD_BYTE:
+            return WIRE_BAD_BYTE, pos, count
+        elif b in _FIXED:
+            body = _FIXED[b]
+        else:
+            lenbytes, form = _PREFIXED[b]
+            if left < 1 + lenbytes:
+                return WIRE_TRUNCATED, pos, count
+            length = int.from_bytes(data[pos + 1:pos + 1 + lenbytes], "big")
+            head += lenbytes
+            if form == _BYTES:
+                body = length
+            elif form == _EXT:
+                body = length + 1  # the type byte
+            elif form == _ARRAY:
+                children = length
+                container = True
+            else:
+                children = 2 * length
+                container = True
+        if left < head or body > left - head:
+            return WIRE_TRUNCATED, pos, count
+        pos += head + body
+        if container and depth0 + len(open_) + 1 > limits.max_depth:
+            return WIRE_TOO_DEEP, pos, count  # even an empty one opens a level
+        if children > 0:
+            if children > n - pos:  # each child takes at least one byte
+                return WIRE_BAD_COUNT, pos, count
+            open_.append(children)
+            continue
+        # One object complete: close every container it completes.
+        while open_:
+            open_[-1] -= 1
+            if open_[-1]:
+                break
+            open_.pop()
+        if not open_:
+            return WIRE_OK, pos, count
+
+
+# ---- packing ----------------------------------------------------------------------------------
+
+def _packer() -> Any:
+    return msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape")
+
+
+def pack(obj: Any) -> bytes:
+    """Pack one value: str as msgpack str, bytes as bin. TypeError/ValueError/OverflowError when
+    msgpack cannot pack it."""
+    out: bytes = _packer().pack(obj)
+    return out
+
+
+def pack_request(op: str, rid: str, args: Optional[Mapping[str, Any]]) -> bytes:
+    """`[op, rid, args]` (an empty map for None)."""
+    return pack([op, rid, {} if args is None else dict(args)])
+
+
+def pack_reply(rid: str, result: Any) -> bytes:
+    """`[rid, true, result]`."""
+    return pack([rid, True, result])
+
+
+def error_map(kind: str, msg: str, reason: Optional[str] = None,
+              blobs: Optional[List[str]] = None) -> Dict[str, Any]:
+    """The four-key error map: `reason` goes with Busy and declared kinds only, `blobs` with
+    Missing only (else nil), as the C runtime sends them."""
+    return {"kind": kind, "msg": msg,
+            "reason": reason if kind not in ("UnitFull", "Missing", "Protocol") else None,
+            "blobs": list(blobs or ()) if kind == "Missing" else None}
+
+
+def pack_error_reply(rid: str, kind: str, msg: str, reason: Optional[str] = None,
+                     blobs: Optional[List[str]] = None) -> bytes:
+    """`[rid, false, {kind, msg, reason, blobs}]`."""
+    return pack([rid, False, error_map(kind, msg, reason, blobs)])
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+
+def _read_array_of(data: bytes, pos: int, want: int) -> int:
+    """The position after an array head of exactly `want` elements, or -1."""
+    if pos >= len(data):
+        return -1
+    b = data[pos]
+    if 0x90 <= b <= 0x9F:
+        n, head = b & 0x0F, 1
+    elif b == 0xDC and len(data) - pos >= 3:
+        n, head = int.from_bytes(data[pos + 1:pos + 3], "big"), 3
+    elif b == 0xDD and len(data) - pos >= 5:
+        n, head = int.from_bytes(data[pos + 1:pos + 5], "big"), 5
+    else:
+        return -1
+    return pos + head if n == want else -1
+
+
+def _read_str(data: bytes, pos: int) -> Tuple[Optional[str], int]:
+    """A str at `pos` and the position after it, or (None, pos)."""
+    if pos >= len(data):
+        return None, pos
+    b = data[pos]
+    left = len(data) - pos
+    if 0xA0 <= b <= 0xBF:
+        n, head = b & 0x1F, 1
+    elif b == 0xD9 and left >= 2:
+        n, head = data[pos + 1], 2
+    elif b == 0xDA and left >= 3:
+        n, head = int.from_bytes(data[pos + 1:pos + 3], "big"), 3
+    elif b == 0xDB and left >= 5:
+        n, head = int.from_bytes(data[pos + 1:pos + 5], "big"), 5
+    else:
+        return None, pos
+    if n > left - head:
+        return None, pos
+    start = pos + head
+    return bytes(data[start:start + n]).decode("utf-8", "surrogateescape"), start + n
+
+
+def _unpack_one(data: memoryview) -> Any:
+    """Unpack `data`, which wire_check has passed as exactly one object. Raises ValueError."""
+    n = len(data)
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False,
+                               unicode_errors="surrogateescape",
+                               max_str_len=n, max_bin_len=n, max_array_len=n,
+                               max_map_len=n, max_ext_len=n)
+    except Exception as e:  # the decoder's exceptions vary (ValueError, TypeError, ...)
+        raise ValueError(f"cannot be decoded ({type(e).__name__})") from None
+
+
+def _read_body(data: bytes, pos: int, limits: Limits, what: str) -> Any:
+    """Scan and unpack the envelope's last element, which must end the payload. Raises
+    ValueError saying what is wrong."""
+    status, end, _ = wire_check(data, pos, limits, 1, 3)  # the envelope and its head: 3
+    if status != WIRE_OK:
+        raise ValueError(f"{what}: {status}")
+    if end != len(data):
+        raise ValueError(f"{len(data) - end} trailing bytes after the message")
+    try:
+        return _unpack_one(memoryview(data)[pos:end])
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+
+
+def show(text: str, limit: int = 64) -> str:
+    """`text` safe to put in a message: non-printable characters escaped, long text cut."""
+    cut = text[:limit]
+    shown = cut if cut.isprintable() else repr(cut)[1:-1]
+    return shown + ("..." if len(text) > limit else "")
+
+
+def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
+    """Decode a request payload.
+
+    Raises DropRequest when it is not a msgpack array of 3 with a str op and a str id (no
+    answer is possible). Otherwise returns a Request; its `bad` is set when the args are not a
+    map with str keys, are truncated, too deep, or followed by trailing bytes.
+    """
+    data = bytes(data)
+    pos = _read_array_of(data, 0, 3)
+    if pos < 0:
+        raise DropRequest("not a msgpack array of 3")
+    op, pos = _read_str(data, pos)
+    if op is None:
+        raise DropRequest("the op is not a string")
+    rid, pos = _read_str(data, pos)
+    if rid is None:
+        raise DropRequest("the request id is not a string")
+    try:
+        args = _read_body(data, pos, limits, "args")
+    except ValueError as e:
+        return Request(op, rid, None, str(e))
+    if not isinstance(args, dict):
+        return Request(op, rid, None, f"args must be a map, not {type_name(args)}")
+    for key in args:
+        if not isinstance(key, str):
+            return Request(op, rid, None, f"args keys must be strings, not {type_name(key)}")
+    return Request(op, rid, args)
+
+
+def decode_reply(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Reply:
+    """Decode a reply payload; BadReply when it is not `[str, bool, any]` within the limits."""
+    data = bytes(data)
+    pos = _read_array_of(data, 0, 3)
+    if pos < 0:
+        raise BadReply("not a msgpack array of 3")
+    rid, pos = _read_str(data, pos)
+    if rid is None:
+        raise BadReply("the request id is not a string")
+    if pos >= len(data) or data[pos] not in (0xC2, 0xC3):
+        raise BadReply("the ok flag is not a bool")
+    ok = data[pos] == 0xC3
+    try:
+        body = _read_body(data, pos + 1, limits, "result" if ok else "error")
+    except ValueError as e:
+        raise BadReply(str(e)) from None
+    return Reply(rid, ok, body)
+
+
+def type_name(value: Any) -> str:
+    """The msgpack family of a decoded value, as a word for messages."""
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, bytes):
+        return "bin"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, dict):
+        return "map"
+    return "ext"
+
+
+# ---- errors from replies ----------------------------------------------------------------------
+
+def error_from_body(body: Any, address: str, op: str,
+                    kinds: Mapping[str, Type[errors.DeclaredError]]) -> errors.Error:
+    """The error an error reply's body describes.
+
+    The body is the documented map `{kind, msg, reason, blobs}`, or the two-element array
+    `[kind, msg]` of the reference design's earlier releases. UnitFull, Busy (reason) and
+    Missing (blobs) keep their kind; a kind in `kinds` (the declared kinds the op lists) becomes
+    that class; Protocol and any other kind become Transfer(cause="remote", remote_kind=kind).
+    A body that is neither form becomes Transfer(cause="bad-reply") saying what is wrong.
+    """
+    def bad(why: str) -> errors.Error:
+        return errors.Transfer(why, cause="bad-reply", address=address, op=op)
+
+    reason: Optional[str] = None
+    blobs: List[str] = []
+    if isinstance(body, list) and len(body) == 2:
+        kind, msg = body
+        if not isinstance(kind, str):
+            return bad("error reply's kind is not a string")
+        if msg is not None and not isinstance(msg, str):
+            return bad(f"error reply's message is a {type_name(msg)}")
+    elif isinstance(body, dict):
+        kind = body.get("kind")
+        msg = body.get("msg")
+        reason_v = body.get("reason")
+        blobs_v = body.get("blobs")
+        if not isinstance(kind, str):
+            return bad("error reply has no string 'kind'")
+        if msg is not None and not isinstance(msg, str):
+            return bad(f"error reply's 'msg' is a {type_name(msg)}")
+        if reason_v is not None and not isinstance(reason_v, str):
+            return bad(f"error reply's 'reason' is a {type_name(reason_v)}")
+        if blobs_v is not None:
+            if not isinstance(blobs_v, list) or not all(isinstance(b, str) for b in blobs_v):
+                return bad("error reply's 'blobs' is not a list of strings")
+            blobs = list(blobs_v)
+        reason = reason_v
+    else:
+        return bad(f"error reply is a {type_name(body)}, not a map")
+    msg = msg or ""
+    if kind == "UnitFull":
+        return errors.UnitFull(msg, address=address, op=op)
+    if kind == "Busy":
+        return errors.Busy(msg, reason=reason, address=address, op=op)
+    if kind == "Missing":
+        return errors.Missing(msg, blobs=blobs, address=address, op=op)
+    declared = kinds.get(kind) if kind != "Protocol" else None
+    if declared is not None:
+        return declared(msg, reason=reason, address=address, op=op)
+    return errors.Transfer(msg, cause="remote", remote_kind=kind, reason=reason,
+                           address=address, op=op)
+
+
+def wire_error(err: BaseException) -> Tuple[str, str, Optional[str], Optional[List[str]]]:
+    """What a handler's exception goes out as: (kind, msg, reason, blobs).
+
+    An Error keeps its kind (Transfer and Timeout go out as Protocol; a DeclaredError under its
+    own kind's name); its message is `str(err)`, which names the op and address when the error
+    came from a call. Anything else is a Protocol error (the caller words that message).
+    """
+    if isinstance(err, errors.Missing):
+        return "Missing", str(err), None, list(err.blobs)
+    if isinstance(err, errors.Busy):
+        return "Busy", str(err), err.reason, None
+    if isinstance(err, errors.UnitFull):
+        return "UnitFull", str(err), None, None
+    if isinstance(err, errors.DeclaredError):
+        return type(err).kind, str(err), err.reason, None
+    return "Protocol", str(err), None, None

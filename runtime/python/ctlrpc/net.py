@@ -1,0 +1,148 @@
+"""Addresses: the node's IP and endpoint parsing, by the C runtime's rules (runtime/src/net.c).
+
+`node_ip()` returns the node's routable IPv4 address: `$CTLRPC_NODE_IP` when set (for
+multi-homed hosts; it must be a valid IPv4 address), else the source address of the default
+route (found by "connecting" a UDP socket, which sends no packet), else the first non-loopback
+IPv4 interface that is up, else 127.0.0.1.
+
+`parse_endpoint()` accepts `tcp://host:port` where host is a hostname, a dotted IPv4 address, a
+bracketed IPv6 address or `*`, and port is 0..65535 or `*`; anything else is a ValueError whose
+message quotes the text and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+NODE_IP_ENV = "CTLRPC_NODE_IP"
+ENDPOINT_MAX = 256  # CTL_ENDPOINT_MAX, with its terminating NUL
+
+# Linux ioctls for an interface's flags and IPv4 address.
+_SIOCGIFFLAGS = 0x8913
+_SIOCGIFADDR = 0x8915
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A parsed endpoint: `host` as written (brackets kept for IPv6), `port` (0 when any)."""
+
+    host: str
+    port: int
+    any_port: bool
+
+    def __str__(self) -> str:
+        return f"tcp://{self.host}:{'*' if self.any_port else self.port}"
+
+
+def _valid_hostname(h: str) -> bool:
+    if not 0 < len(h) <= 253 or h[0] in "-.":
+        return False
+    return all(c.isascii() and (c.isalnum() or c in "-._") for c in h)
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """Parse `tcp://host:port`; ValueError naming the text and what is wrong."""
+    scheme = "tcp://"
+    if not text:
+        raise ValueError("endpoint is empty")
+    if len(text.encode("utf-8", "surrogateescape")) >= ENDPOINT_MAX:
+        raise ValueError(f"endpoint '{text[:40]}...' is longer than {ENDPOINT_MAX - 1} bytes")
+    if not text.startswith(scheme):
+        raise ValueError(f"endpoint '{text}' is not tcp://host:port (only tcp:// endpoints are "
+                         "supported)")
+    rest = text[len(scheme):]
+    colon = rest.rfind(":")
+    if colon < 0:
+        raise ValueError(f"endpoint '{text}' has no port (write tcp://host:port, or :0 for any "
+                         "free port)")
+    host, port = rest[:colon], rest[colon + 1:]
+    if not host:
+        raise ValueError(f"endpoint '{text}' has no host")
+    if host.startswith("["):
+        if len(host) < 3 or not host.endswith("]"):
+            raise ValueError(f"endpoint '{text}': bad IPv6 host")
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"endpoint '{text}': '{host[1:-1]}' is not an IPv6 address") \
+                from None
+    elif host != "*" and not _valid_hostname(host):
+        raise ValueError(f"endpoint '{text}': host '{host}' is not a hostname or IPv4 address")
+    if port == "*":
+        return Endpoint(host, 0, True)
+    if not port:
+        raise ValueError(f"endpoint '{text}' has no port")
+    if len(port) > 5 or not all("0" <= c <= "9" for c in port):
+        raise ValueError(f"endpoint '{text}': port '{port}' is not a number in 0..65535 or '*'")
+    value = int(port)
+    if value > 65535:
+        raise ValueError(f"endpoint '{text}': port {value} is out of range (0..65535)")
+    return Endpoint(host, value, value == 0)
+
+
+def dialable(text: str) -> str:
+    """`text` if a client can dial it (a host and a port, no wildcard); ValueError otherwise."""
+    ep = parse_endpoint(text)
+    if ep.any_port or ep.host == "*":
+        raise ValueError(f"address '{text}' is not dialable: it needs a host and a port (a unit "
+                         "reports its real endpoint once bound)")
+    return text
+
+
+def _probe_route() -> Optional[str]:
+    """The local address of a UDP socket "connected" to a public address (sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("8.8.8.8", 53))
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return ip if isinstance(ip, str) and ip != "0.0.0.0" else None
+
+
+def _first_interface() -> Optional[str]:
+    """The first up, non-loopback IPv4 interface address."""
+    try:
+        names = socket.if_nameindex()
+    except OSError:
+        return None
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    with s:
+        for _, name in names:
+            req = struct.pack("256s", name.encode()[:15])
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req),
+                                           16)[0]
+                if not flags & _IFF_UP or flags & _IFF_LOOPBACK:
+                    continue
+                addr = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)
+            except OSError:
+                continue  # no IPv4 address, or gone meanwhile
+            return socket.inet_ntoa(addr[20:24])
+    return None
+
+
+def node_ip() -> str:
+    """The node's routable IPv4 address (see the module's docstring for the order).
+
+    ValueError when $CTLRPC_NODE_IP is set to something that is not an IPv4 address.
+    """
+    env = os.environ.get(NODE_IP_ENV, "")
+    if env:
+        try:
+            socket.inet_pton(socket.AF_INET, env)
+        except OSError:
+            raise ValueError(f"{NODE_IP_ENV}='{env}' is not an IPv4 address") from None
+        return env
+    return _probe_route() or _first_interface() or "127.0.0.1"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerate tests/golden/matrix_args.txt, the golden vectors of
+# tests/pygen/matrix.idl, from the C stubs (tests/pygen/golden.c), after a
+# change to the cases. The Python side (tests/pygen/test_golden.py) must then
+# produce the same bytes: run `ctest -L python`.
+#
+#   scripts/golden.sh [BUILD_DIR]     (default: build)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build}"
+cmake --build "$build" --target ctl_golden
+"$build/tests/pygen/ctl_golden" --print > "$root/tests/golden/matrix_args.txt"
+echo "wrote tests/golden/matrix_args.txt"

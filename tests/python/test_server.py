@@ -1,0 +1,600 @@
+"""The Python runtime against itself, and its Server against hostile and old peers.
+
+    test_server.py [unittest args]
+
+A Python Client calling a Python Server: values of every msgpack family both ways, each error
+kind raised by a handler and reported to the caller (declared kinds with and without the op
+listing them), a handler raising ValueError (a Protocol error; the server keeps serving),
+`raises` enforced as the C unit does, notifies, the handlers' lock, close and drain. Raw sockets
+send the Server what no client should: truncated msgpack, wrong frame counts, deep nesting, huge
+length headers, args that are not a map, unknown ops, messages over the size limit; each is
+dropped and counted or answered with a Protocol error, and the server goes on serving. A fake
+peer (a raw ROUTER) answers the Client with the reference design's earlier error form
+`[kind, msg]`, with malformed replies, and with a reply for another id. Four threads share one
+Client.
+"""
+
+import os
+import threading
+import time
+import unittest
+
+import msgpack
+import zmq
+
+import ctlrpc
+from ctlrpc import _wire
+
+import support
+
+CALL_S = 5.0
+
+
+def pack(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data):
+    return msgpack.unpackb(data, raw=False)
+
+
+class NotFound(ctlrpc.DeclaredError):
+    kind = "NotFound"
+
+
+class Gone(ctlrpc.DeclaredError):
+    kind = "Gone"
+
+
+class Raiser:
+    """Handlers that raise what their args ask for."""
+
+    def __init__(self):
+        self.notified = []
+        self.event = threading.Event()
+
+    def fail(self, args):
+        what = args.get("what")
+        msg = args.get("msg", "it failed")
+        if what == "UnitFull":
+            raise ctlrpc.UnitFull(msg)
+        if what == "Busy":
+            raise ctlrpc.Busy(msg, reason=args.get("reason"))
+        if what == "Missing":
+            raise ctlrpc.Missing(msg, blobs=args.get("blobs", []))
+        if what == "NotFound":
+            raise NotFound(msg, reason=args.get("reason"))
+        if what == "Gone":
+            raise Gone(msg)
+        if what == "Error":
+            raise ctlrpc.Error(msg)
+        if what == "Transfer":
+            raise ctlrpc.Transfer(msg, cause="timeout")
+        if what == "ValueError":
+            raise ValueError(msg)
+        if what == "unpackable":
+            return object()
+        return "no failure"
+
+    def note(self, args):
+        self.notified.append(args)
+        self.event.set()
+        if args.get("fail"):
+            raise ValueError("a notify handler failed")
+
+
+class ServerCase(unittest.TestCase):
+
+    def setUp(self):
+        self.r = Raiser()
+        self.ctx = zmq.Context()
+        self.socks = []
+        self.server = self.serve()
+        self.c = ctlrpc.Client(timeout=CALL_S)
+
+    def tearDown(self):
+        self.c.close()
+        for s in self.socks:
+            s.close(0)
+        self.server.close()
+        self.ctx.term()
+
+    def serve(self, **kw):
+        handlers = {"echo": lambda args: args.get("v"), "fail": self.r.fail,
+                    "note": self.r.note, "args": lambda args: args}
+        kw.setdefault("notify", ["note"])
+        return ctlrpc.Server(handlers, "tcp://127.0.0.1:0", **kw)
+
+    def raw(self, kind=zmq.DEALER, server=None):
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect((server or self.server).endpoint)
+        self.socks.append(s)
+        return s
+
+    def recv(self, sock, timeout_s=CALL_S):
+        self.assertTrue(sock.poll(int(timeout_s * 1000)), "no reply")
+        return sock.recv_multipart()
+
+    def nothing(self, sock, timeout_s=0.2):
+        self.assertFalse(sock.poll(int(timeout_s * 1000)), "an unexpected reply")
+
+    def call(self, op, args=None, **kw):
+        return self.c.call(self.server.endpoint, op, args, **kw)
+
+
+class TestCalls(ServerCase):
+
+    def test_values(self):
+        for v in [None, True, False, 0, -1, 2 ** 64 - 1, -(2 ** 63), 1.5, "", "caf\u00e9",
+                  b"", b"\0\xff" * 1000, [], [1, "a", b"b", None, [2.5]], {"k": {"n": [{}]}},
+                  os.urandom(1 << 20)]:
+            self.assertEqual(self.call("echo", {"v": v}), v)
+        got = self.call("args", {"b": b"x", "s": "y"})
+        self.assertEqual(got, {"b": b"x", "s": "y"})
+        self.assertIsInstance(got["b"], bytes)
+        self.assertEqual(self.call("args"), {})
+        self.assertEqual(self.call("args", None), {})
+
+    def test_error_kinds(self):
+        ep = self.server.endpoint
+        with self.assertRaises(ctlrpc.UnitFull) as cm:
+            self.call("fail", {"what": "UnitFull", "msg": "no room"})
+        self.assertEqual((cm.exception.msg, cm.exception.op, cm.exception.address),
+                         ("no room", "fail", ep))
+        self.assertEqual(str(cm.exception), "fail at %s: unit full: no room" % ep)
+        with self.assertRaises(ctlrpc.Busy) as cm:
+            self.call("fail", {"what": "Busy", "reason": "pinned"})
+        self.assertEqual(cm.exception.reason, "pinned")
+        with self.assertRaises(ctlrpc.Busy) as cm:
+            self.call("fail", {"what": "Busy"})
+        self.assertIsNone(cm.exception.reason)
+        with self.assertRaises(ctlrpc.Missing) as cm:
+            self.call("fail", {"what": "Missing", "blobs": ["a", "b"]})
+        self.assertEqual(cm.exception.blobs, ["a", "b"])
+        for what in ("Error", "Transfer"):
+            with self.assertRaises(ctlrpc.Transfer) as cm:
+                self.call("fail", {"what": what, "msg": "plain"})
+            self.assertEqual((cm.exception.cause, cm.exception.remote_kind), ("remote", "Protocol"))
+            self.assertEqual(cm.exception.msg, "plain")
+        self.assertEqual(self.call("fail", {"what": "nothing"}), "no failure")
+
+    def test_declared_kinds(self):
+        with self.assertRaises(NotFound) as cm:
+            self.call("fail", {"what": "NotFound", "msg": "no job", "reason": "expired"},
+                      kinds={"NotFound": NotFound})
+        e = cm.exception
+        self.assertEqual((e.kind, e.msg, e.reason, e.op), ("NotFound", "no job", "expired", "fail"))
+        self.assertIn("NotFound error: no job", str(e))
+        # Not listed for the op: an unknown kind, that is Protocol, its kind and reason kept.
+        with self.assertRaises(ctlrpc.Transfer) as cm:
+            self.call("fail", {"what": "NotFound", "reason": "expired"}, kinds={"Gone": Gone})
+        self.assertEqual((cm.exception.cause, cm.exception.remote_kind, cm.exception.reason),
+                         ("remote", "NotFound", "expired"))
+        out = self.c.call_many("fail", [(self.server.endpoint, {"what": "Gone"}),
+                                        (self.server.endpoint, {"what": "NotFound"})],
+                               kinds={"Gone": Gone})
+        self.assertIsInstance(out[0].error, Gone)
+        self.assertIs(type(out[1].error), ctlrpc.Transfer)
+
+    def test_wire_error_maps(self):
+        """The exact maps a Python unit sends: four keys, reason and blobs only where due."""
+        s = self.raw()
+        for args, want in [
+                ({"what": "UnitFull", "msg": "m"},
+                 {"kind": "UnitFull", "msg": "m", "reason": None, "blobs": None}),
+                ({"what": "Busy", "msg": "m", "reason": "pinned"},
+                 {"kind": "Busy", "msg": "m", "reason": "pinned", "blobs": None}),
+                ({"what": "Missing", "msg": "m", "blobs": ["x"]},
+                 {"kind": "Missing", "msg": "m", "reason": None, "blobs": ["x"]}),
+                ({"what": "NotFound", "msg": "m", "reason": "r"},
+                 {"kind": "NotFound", "msg": "m", "reason": "r", "blobs": None}),
+                ({"what": "Error", "msg": "m"},
+                 {"kind": "Protocol", "msg": "m", "reason": None, "blobs": None})]:
+            s.send(pack(["fail", "0123456789ab", args]))
+            reply = unpack(self.recv(s)[-1])
+            self.assertEqual(reply, ["0123456789ab", False, want])
+
+    def test_handler_exception_keeps_serving(self):
+        with self.assertRaises(ctlrpc.Transfer) as cm:
+            self.call("fail", {"what": "ValueError", "msg": "bad value"})
+        self.assertEqual(cm.exception.remote_kind, "Protocol")
+        self.assertIn("op 'fail'", cm.exception.msg)
+        self.assertIn("ValueError: bad value", cm.exception.msg)
+        with self.assertRaises(ctlrpc.Transfer) as cm:
+            self.call("fail", {"what": "unpackable"})
+        self.assertIn("cannot be packed", cm.exception.msg)
+        self.assertEqual(self.call("echo", {"v": 1}), 1)
+        # Counted once sent, which may be just after the caller has its reply.
+        support.wait_for(lambda: self.server.stats()["replies"] == 3, "3 replies counted")
+
+    def test_notify(self):
+        s = self.raw()
+        self.c.notify(self.server.endpoint, "note", {"n": 1})
+        self.assertTrue(self.r.event.wait(CALL_S))
+        self.assertEqual(self.r.notified, [{"n": 1}])
+        # Nothing comes back, not even for a failing handler or bad args.
+        s.send(pack(["note", "", {"fail": True}]))
+        s.send(pack(["note", "abc", [1]]))
+        s.send(pack(["note", "abc", {"n": 2}]))
+        self.nothing(s)
+        support.wait_for(lambda: len(self.r.notified) == 3, "the notifies")
+        self.assertEqual(self.call("echo", {"v": "after"}), "after")
+        self.assertEqual(self.c.stats(self.server.endpoint)["notifies"], 1)
+
+    def test_empty_and_odd_ids(self):
+        s = self.raw()
+        for rid in ("", "x" * 300, "\u00e9"):
+            s.send(pack(["echo", rid, {"v": 7}]))
+            self.assertEqual(unpack(self.recv(s)[-1]), [rid, True, 7])
+
+    def test_raises_enforced(self):
+        strict = self.serve(raises={"fail": ["UnitFull", "NotFound"], "echo": []})
+        ep = strict.endpoint
+        try:
+            with self.assertRaises(ctlrpc.UnitFull):
+                self.c.call(ep, "fail", {"what": "UnitFull"})
+            with self.assertRaises(NotFound):
+                self.c.call(ep, "fail", {"what": "NotFound"}, kinds={"NotFound": NotFound})
+            for what, kind in (("Busy", "Busy"), ("Missing", "Missing"), ("Gone", "Gone")):
+                with self.assertRaises(ctlrpc.Transfer) as cm:
+                    self.c.call(ep, "fail", {"what": what, "msg": "why"},
+                                kinds={"Gone": Gone})
+                self.assertEqual(cm.exception.remote_kind, "Protocol")
+                self.assertEqual(cm.exception.msg,
+                                 "op 'fail' failed with %s, which it does not declare in "
+                                 "'raises' (a bug in the unit): why" % kind)
+            # Protocol is implicit on every op; an op not in `raises` declares nothing.
+            with self.assertRaises(ctlrpc.Transfer):
+                self.c.call(ep, "fail", {"what": "Error"})
+            with self.assertRaises(ctlrpc.Transfer):
+                self.c.call(ep, "fail", {"what": "ValueError"})
+            self.assertEqual(strict.stats()["undeclared"], 3)
+        finally:
+            strict.close()
+        with self.assertRaises(ValueError):
+            self.serve(raises={"nope": []})
+        with self.assertRaises(ValueError):
+            self.serve(notify=["nope"])
+
+    def test_lock(self):
+        lock = threading.Lock()
+        held = self.serve(lock=lock)
+        try:
+            self.assertIs(held.lock, lock)
+            with lock:
+                with self.assertRaises(ctlrpc.Timeout):
+                    self.c.call(held.endpoint, "echo", {"v": 1}, timeout=0.2)
+            self.assertEqual(self.c.call(held.endpoint, "echo", {"v": 2}), 2)
+        finally:
+            held.close()
+
+    def test_default_bind_and_close(self):
+        os.environ["CTLRPC_NODE_IP"] = "127.0.0.1"
+        try:
+            self.assertEqual(ctlrpc.node_ip(), "127.0.0.1")
+            s = ctlrpc.Server({"echo": lambda a: a})
+        finally:
+            del os.environ["CTLRPC_NODE_IP"]
+        self.assertTrue(s.endpoint.startswith("tcp://127.0.0.1:"), s.endpoint)
+        self.assertEqual(self.c.call(s.endpoint, "echo", {"a": 1}), {"a": 1})
+        s.close()
+        s.close()
+        with self.assertRaises(ctlrpc.Timeout):
+            self.c.call(s.endpoint, "echo", timeout=0.2)
+        with self.assertRaises(OSError):
+            ctlrpc.Server({}, self.server.endpoint)  # in use
+        with self.assertRaises(ValueError):
+            ctlrpc.Server({}, "tcp://127.0.0.1")
+
+
+class TestMalformed(ServerCase):
+    """What no client should send; each dropped and counted, or answered Protocol."""
+
+    def protocol(self, sock, payload, says):
+        sock.send(payload)
+        reply = unpack(self.recv(sock)[-1])
+        self.assertEqual(reply[:2], ["id", False], reply)
+        self.assertEqual(reply[2]["kind"], "Protocol")
+        self.assertIn(says, reply[2]["msg"])
+        return reply[2]["msg"]
+
+    def test_dropped(self):
+        s = self.raw()
+        dropped = [b"", b"\x93\xa4echo", pack("hi"), pack(["echo", "id"]),
+                   pack([1, "id", {}]), pack(["echo", 2, {}]), pack(["echo", None, {}]),
+                   b"\xdd\xff\xff\xff\xff", b"\x93\xdb\xff\xff\xff\xffecho", b"\xc1"]
+        for payload in dropped:
+            s.send(payload)
+        # Wrong frame counts: [identity, "x", payload], [identity, "", "", payload], and
+        # [identity] alone cannot be sent by a DEALER; a REQ-style delimiter is fine.
+        good = pack(["echo", "id", {"v": 1}])
+        s.send_multipart([b"x", good])
+        s.send_multipart([b"", b"", good])
+        self.nothing(s)
+        support.wait_for(lambda: self.server.stats()["dropped"] == len(dropped) + 2,
+                         "the drops to be counted")
+        s.send_multipart([b"", good])
+        self.assertEqual(self.recv(s), [b"", pack(["id", True, 1])])
+        self.assertEqual(self.server.stats()["requests"], 1)
+
+    def test_req_peer(self):
+        s = self.raw(zmq.REQ)
+        s.send(pack(["echo", "r", {"v": "req"}]))
+        self.assertEqual(unpack(self.recv(s)[0]), ["r", True, "req"])
+
+    def test_protocol_errors(self):
+        s = self.raw()
+        deep = {"v": 1}
+        for _ in range(40):
+            deep = {"v": deep}
+        self.protocol(s, pack(["echo", "id", deep]), "nested too deeply")
+        self.protocol(s, pack(["echo", "id", [[[[]]]]]), "args must be a map, not array")
+        self.protocol(s, pack(["echo", "id", [1, 2]]), "args must be a map")
+        self.protocol(s, pack(["echo", "id", "text"]), "args must be a map, not str")
+        self.protocol(s, pack(["echo", "id", {1: 2}]), "keys must be strings")
+        self.protocol(s, pack(["echo", "id"])[:0] + b"\x93\xa4echo\xa2id\xdd\xff\xff\xff\xff",
+                      "container count exceeds the message size")
+        self.protocol(s, b"\x93\xa4echo\xa2id\x81\xa1v\xdb\xff\xff\xff\xffab",
+                      "truncated")
+        self.protocol(s, b"\x93\xa4echo\xa2id\x81\xa1v\xc6\xff\xff\xff\xff", "truncated")
+        self.protocol(s, b"\x93\xa4echo\xa2id", "truncated")
+        self.protocol(s, b"\x93\xa4echo\xa2id\xc1", "invalid byte")
+        self.protocol(s, pack(["echo", "id", {}]) + b"\x00\x01", "2 trailing bytes")
+        msg = self.protocol(s, pack(["nope\n", "id", {}]), "unknown op")
+        self.assertIn("nope\\n", msg)
+        self.protocol(s, pack(["nope", "id", [1]]), "unknown op 'nope'")
+        self.assertEqual(self.call("echo", {"v": "still serving"}), "still serving")
+        support.wait_for(lambda: self.server.stats()["replies"] == 14, "14 replies counted")
+        st = self.server.stats()
+        self.assertEqual((st["dropped"], st["requests"]), (0, 14))
+
+    def test_oversize(self):
+        small = self.serve(max_msg_bytes=1000)
+        try:
+            s = self.raw(server=small)
+            s.send(pack(["echo", "id", {"v": b"x" * 2000}]))
+            self.nothing(s, 0.3)  # ZeroMQ disconnects the peer; nothing reaches the server
+            self.assertEqual(small.stats()["requests"], 0)
+            self.assertEqual(self.c.call(small.endpoint, "echo", {"v": b"x" * 500}), b"x" * 500)
+        finally:
+            small.close()
+
+
+class FakeUnit:
+    """A raw ROUTER that answers each request with what `answer(request)` returns (a list of
+    payload frames), so a test can send the Client what no unit of ours would."""
+
+    def __init__(self, answer):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.answer = answer
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            frames = self.sock.recv_multipart()
+            req = unpack(frames[-1])
+            for reply in self.answer(req):
+                self.sock.send_multipart([frames[0]] + reply)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(CALL_S)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+class TestReplies(ServerCase):
+
+    def fake(self, answer):
+        f = FakeUnit(answer)
+        self.addCleanup(f.close)
+        return f
+
+    def test_old_error_form(self):
+        """[kind, msg], the reference design's earlier error form, read like the map."""
+        f = self.fake(lambda req: [[pack([req[1], False, req[2]["body"]])]])
+        def err(body, **kw):
+            with self.assertRaises(ctlrpc.Error) as cm:
+                self.c.call(f.address, "op", {"body": body}, **kw)
+            return cm.exception
+        e = err(["Busy", "old busy"])
+        self.assertIs(type(e), ctlrpc.Busy)
+        self.assertEqual((e.msg, e.reason), ("old busy", None))
+        e = err(["Missing", "old missing"])
+        self.assertEqual((type(e), e.blobs), (ctlrpc.Missing, []))
+        self.assertIs(type(err(["UnitFull", "full"])), ctlrpc.UnitFull)
+        e = err(["Protocol", "p"])
+        self.assertEqual((type(e), e.cause, e.remote_kind), (ctlrpc.Transfer, "remote", "Protocol"))
+        e = err(["Weird", "w"])
+        self.assertEqual((e.cause, e.remote_kind, e.msg), ("remote", "Weird", "w"))
+        self.assertIs(type(err(["NotFound", "n"], kinds={"NotFound": NotFound})), NotFound)
+        self.assertEqual(err(["Busy", None]).msg, "")
+        # Neither form: a bad reply.
+        for body in ([1, "m"], ["Busy", 2], ["Busy"], ["Busy", "m", "x"], "text", None,
+                     {"msg": "no kind"}, {"kind": "Busy", "reason": 5},
+                     {"kind": "Missing", "blobs": [1]}, {"kind": "Busy", "msg": b"bin"}):
+            e = err(body)
+            self.assertEqual((type(e), e.cause), (ctlrpc.Transfer, "bad-reply"), body)
+        # The documented map, with extra keys ignored.
+        e = err({"kind": "Missing", "msg": "m", "reason": None, "blobs": ["a"], "x": 1})
+        self.assertEqual(e.blobs, ["a"])
+        # An error reply of either form is its call's own: the socket stays in the pool.
+        self.assertEqual(self.c.stats(f.address)["sockets_retired"], 0)
+
+    def test_bad_replies(self):
+        def answer(req):
+            how = req[2]["how"]
+            rid = req[1]
+            if how == "not-array":
+                return [[pack({"id": rid})]]
+            if how == "two-frames":
+                return [[pack([rid, True, 1]), b"more"]]
+            if how == "ok-not-bool":
+                return [[pack([rid, 1, 1])]]
+            if how == "trailing":
+                return [[pack([rid, True, 1]) + b"\x00"]]
+            if how == "deep":
+                return [[b"\x93" + pack(rid) + b"\xc3" + b"\x91" * 40 + b"\x01"]]
+            if how == "huge":
+                return [[b"\x93" + pack(rid) + b"\xc3\xdd\xff\xff\xff\xff"]]
+            if how == "other-id-first":
+                return [[pack(["zzzzzzzzzzzz", True, "stale"])], [pack([rid, True, "mine"])]]
+            return [[pack([rid, True, "fine"])]]
+        f = self.fake(answer)
+        for how, says in (("not-array", "not a msgpack array of 3"),
+                          ("two-frames", "more than one frame"),
+                          ("ok-not-bool", "ok flag is not a bool"),
+                          ("trailing", "1 trailing bytes"), ("deep", "nested too deeply"),
+                          ("huge", "container count exceeds the message size")):
+            with self.assertRaises(ctlrpc.Transfer) as cm:
+                self.c.call(f.address, "op", {"how": how})
+            self.assertEqual(cm.exception.cause, "bad-reply", how)
+            self.assertIn(says, str(cm.exception))
+        self.assertEqual(self.c.stats(f.address)["sockets_retired"], 6)
+        # A reply for another id is counted and skipped; the call gets its own; the socket,
+        # having seen a stranger's reply, is retired rather than lent again.
+        self.assertEqual(self.c.call(f.address, "op", {"how": "other-id-first"}), "mine")
+        st = self.c.stats(f.address)
+        self.assertEqual((st["late_replies"], st["sockets_retired"]), (1, 7))
+        self.assertEqual(self.c.call(f.address, "op", {"how": "ok"}), "fine")
+
+
+class TestDrain(ServerCase):
+
+    def test_drain(self):
+        started = threading.Event()
+        def slow(args):
+            started.set()
+            time.sleep(0.4)
+            return "slow done"
+        s = ctlrpc.Server({"slow": slow, "echo": lambda a: "served"}, "tcp://127.0.0.1:0")
+        results = {}
+        def call_slow():
+            results["slow"] = self.c.call(s.endpoint, "slow")
+        t = threading.Thread(target=call_slow)
+        t.start()
+        self.assertTrue(started.wait(CALL_S))
+        d = threading.Thread(target=s.drain, args=(3.0,))
+        t0 = time.monotonic()
+        d.start()
+        support.wait_for(lambda: s._draining, "the drain to begin")  # the handler still runs
+        # A request that reaches the unit while it drains is answered Busy "draining".
+        other = ctlrpc.Client(timeout=CALL_S)
+        try:
+            with self.assertRaises(ctlrpc.Busy) as cm:
+                other.call(s.endpoint, "echo")
+            self.assertEqual(cm.exception.reason, "draining")
+        finally:
+            other.close()
+        d.join(CALL_S)
+        t.join(CALL_S)
+        took = time.monotonic() - t0
+        self.assertEqual(results["slow"], "slow done")  # the running handler finished
+        self.assertLess(took, 2.0)  # quiet after 50 ms: well before the drain's timeout
+        with self.assertRaises(ctlrpc.Timeout):
+            self.c.call(s.endpoint, "echo", timeout=0.2)
+        s.close()
+
+    def test_close_from_a_handler(self):
+        holder = {}
+        def stop(args):
+            holder["server"].close()
+            return "stopping"
+        s = holder["server"] = ctlrpc.Server({"stop": stop}, "tcp://127.0.0.1:0")
+        self.assertEqual(self.c.call(s.endpoint, "stop"), "stopping")
+        support.wait_for(lambda: not s._thread.is_alive(), "the server thread to end")
+        with self.assertRaises(ctlrpc.Timeout):
+            self.c.call(s.endpoint, "stop", timeout=0.2)
+
+    def test_drain_idle(self):
+        s = self.serve()
+        t0 = time.monotonic()
+        s.drain(5.0)
+        self.assertLess(time.monotonic() - t0, 1.0)
+        s.drain(5.0)
+        s.close()
+
+
+class TestThreads(ServerCase):
+
+    def test_four_threads_share_a_client(self):
+        per_thread = 200
+        failures = []
+        def work(n):
+            try:
+                for i in range(per_thread):
+                    v = [n, i, os.urandom(i % 64)]
+                    got = self.call("echo", {"v": v})
+                    if got != v:
+                        failures.append((n, i, got))
+                out = self.c.call_many("echo", [(self.server.endpoint, {"v": n})] * 3)
+                if [o.result for o in out] != [n] * 3:
+                    failures.append((n, "call_many", out))
+            except Exception as e:  # reported below, in the test's thread
+                failures.append((n, repr(e)))
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(failures, [])
+        st = self.c.stats(self.server.endpoint)
+        self.assertEqual(st["calls"], 4 * (per_thread + 3))
+        self.assertEqual((st["timeouts"], st["late_replies"], st["sockets_retired"]), (0, 0, 0))
+        self.assertLessEqual(st["sockets_opened"], 16)
+        support.wait_for(lambda: self.server.stats()["replies"] == 4 * (per_thread + 3),
+                         "every reply counted")
+
+
+class TestWireUnits(unittest.TestCase):
+    """The pieces the rest rely on, checked alone."""
+
+    def test_wire_check(self):
+        ok = pack(["a", [1, {"b": b"c"}], None])
+        self.assertEqual(_wire.wire_check(ok)[:2], (_wire.WIRE_OK, len(ok)))
+        self.assertEqual(_wire.wire_check(b"\x91" * 33 + b"\x01")[0], _wire.WIRE_TOO_DEEP)
+        self.assertEqual(_wire.wire_check(b"\x91" * 32 + b"\x01")[0], _wire.WIRE_OK)
+        self.assertEqual(_wire.wire_check(b"\x90")[0], _wire.WIRE_OK)
+        self.assertEqual(_wire.wire_check(b"")[0], _wire.WIRE_TRUNCATED)
+        self.assertEqual(_wire.wire_check(b"\xdc\x00\x05\x01")[0], _wire.WIRE_BAD_COUNT)
+        self.assertEqual(_wire.wire_check(b"\xd9")[0], _wire.WIRE_TRUNCATED)
+        limits = _wire.Limits(max_items=3)
+        self.assertEqual(_wire.wire_check(b"\x93\x01\x02\x03", limits=limits)[0],
+                         _wire.WIRE_TOO_MANY)
+
+    def test_keys(self):
+        pub, sec = ctlrpc.curve.keypair()
+        self.assertTrue(ctlrpc.curve.key_valid(pub))
+        self.assertEqual(ctlrpc.curve.public_of(sec), pub)
+        self.assertFalse(ctlrpc.curve.key_valid(pub[:-1] + "~"))
+        self.assertFalse(ctlrpc.curve.key_valid("%%%%%" * 8))  # decodes past 2**32
+
+    def test_endpoints(self):
+        from ctlrpc import net
+        self.assertEqual(str(net.parse_endpoint("tcp://127.0.0.1:0")), "tcp://127.0.0.1:*")
+        self.assertEqual(str(net.parse_endpoint("tcp://[::1]:80")), "tcp://[::1]:80")
+        for bad in ("tcp://[::1:80", "tcp://h:65536", "tcp://h:", "tcp://:1", "tcp://h:1x"):
+            with self.assertRaises(ValueError):
+                net.parse_endpoint(bad)
+        os.environ["CTLRPC_NODE_IP"] = "not-an-ip"
+        try:
+            with self.assertRaises(ValueError):
+                ctlrpc.node_ip()
+        finally:
+            del os.environ["CTLRPC_NODE_IP"]
+        self.assertTrue(ctlrpc.node_ip())
+
+
+if __name__ == "__main__":
+    import logging
+    logging.getLogger("ctlrpc").setLevel(logging.CRITICAL)  # handler failures are expected
+    support.run_tests(support.main()[1])
