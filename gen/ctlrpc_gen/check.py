@@ -29,7 +29,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import ast, model
-from .diag import Diagnostics, Loc, did_you_mean
+from .diag import Diagnostics, Loc, did_you_mean, shorten
 from .model import ERROR_KINDS, IMPLICIT_ERROR_KIND, SCALARS
 
 IDL_KEYWORDS = ("service", "import", "record", "op", "notify", "raises", "true", "false", "null")
@@ -154,17 +154,19 @@ class _Checker:
         """All records, imported files first (depth-first, in import order), each file's in
         source order."""
         order: List[str] = []
-        seen: Set[str] = set()
-
-        def visit(path: str) -> None:
-            if path in seen:
-                return
-            seen.add(path)
-            for target in self.program.imports.get(path, ()):
-                visit(target)
-            order.append(path)
-
-        visit(self.main.path)
+        seen: Set[str] = {self.main.path}
+        # Depth-first post-order, iterative: import chains may be as long as the input makes them.
+        stack = [(self.main.path, iter(self.program.imports.get(self.main.path, ())))]
+        while stack:
+            path, targets = stack[-1]
+            for target in targets:
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, iter(self.program.imports.get(target, ()))))
+                    break
+            else:
+                stack.pop()
+                order.append(path)
         return [(p, r) for p in order for r in self.files[p].of(ast.Record)]
 
     def compute_visibility(self) -> None:
@@ -557,7 +559,7 @@ def _default_value(lit: ast.Literal, t: model.Type) -> Union[model.Value, str, N
     if t.int_range and lit.kind == "int":
         lo, hi = t.int_range
         if not lo <= lit.value <= hi:
-            return f"default {lit.text} is out of range for {n} ({lo} to {hi})"
+            return f"default {shorten(lit.text)} is out of range for {n} ({lo} to {hi})"
         return model.Value("int", lit.value, lit.text)
     if n == "f64" and lit.kind == "float":
         return model.Value("float", lit.value, lit.text)
@@ -567,7 +569,7 @@ def _default_value(lit: ast.Literal, t: model.Type) -> Union[model.Value, str, N
         except OverflowError:
             exact = False
         if not exact:
-            return f"default {lit.text} is not exactly representable as f64"
+            return f"default {shorten(lit.text)} is not exactly representable as f64"
         return model.Value("float", float(lit.value), lit.text)
     if n == "str" and lit.kind == "str":
         return model.Value("str", lit.value, lit.text)
