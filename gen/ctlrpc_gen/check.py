@@ -489,12 +489,9 @@ class _Checker:
         by_name = {r.name: r for r in records}
 
         def held_by_value(rec: model.Record) -> List[str]:
-            out = []
-            for f in rec.fields:
-                t = f.type.inner if isinstance(f.type, model.OptionalOf) else f.type
-                if isinstance(t, model.RecordRef):
-                    out.append(t.name)
-            return out
+            # Only a plain record field holds another struct; an optional record is a pointer
+            # (and counting it could put a struct before one it holds, by declaration order).
+            return [f.type.name for f in rec.fields if isinstance(f.type, model.RecordRef)]
 
         # Depth-first post-order, iterative so that long chains of records cannot exhaust the
         # Python stack.

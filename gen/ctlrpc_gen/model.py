@@ -271,8 +271,8 @@ class Model:
     files: every IDL file read, main first: the generated files depend on all of them.
     records: every record, imported files' first, each file's in source order.
     records_by_dependency: every record after the records it holds by value (a field of type
-        `R` or `R?`), otherwise in `records` order. A cycle (possible only through `R?`) is
-        broken at its first record in `records` order.
+        `R`; an `R?` field is a pointer and orders nothing), otherwise in `records` order. Such
+        fields form no cycle (the checker refuses one).
     ops: IDL order. op_index: the same ops sorted by name in byte order.
     types: every distinct type used by a field, argument or result, inner types before the
         types containing them, in first-use order (records first, then ops).

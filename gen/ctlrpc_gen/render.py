@@ -57,6 +57,7 @@ class Renderer:
         self.model = model
         self.svc = model.service.name
         self.display_root = display_root
+        self._reachable: Optional[set] = None
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             undefined=jinja2.StrictUndefined,
@@ -171,6 +172,26 @@ class Renderer:
                        and self.record_has_defaults(f.type.name, seen | {name}))
                    for f in self.model.record(name).fields)
 
+    @property
+    def reachable(self) -> set:
+        """The types an op's args or result can hold, at any depth: those need descriptors.
+        (A descriptor nothing refers to would be an unused static constant, which compilers
+        warn about: a record only imported, or only used by other unused records.)"""
+        if self._reachable is None:
+            seen: set = set()
+            todo = [a.type for op in self.model.ops for a in op.args]
+            todo += [op.result for op in self.model.ops if op.result is not None]
+            while todo:
+                t = todo.pop()
+                if t in seen:
+                    continue
+                seen.add(t)
+                todo.extend(m.children(t))
+                if isinstance(t, m.RecordRef):
+                    todo.extend(f.type for f in self.model.record(t.name).fields)
+            self._reachable = seen
+        return self._reachable
+
     # -- output ---------------------------------------------------------------------------
 
     def render(self, out_dir: str, stem: str) -> List[str]:
@@ -188,7 +209,9 @@ class Renderer:
                         or (isinstance(t, m.OptionalOf)
                             and not isinstance(t.inner, m.RecordRef))],
             maps=[t for t in model.types if isinstance(t, m.MapOf)],
-            codec_types=[t for t in model.types if not isinstance(t, m.RecordRef)],
+            codec_types=[t for t in model.types
+                         if not isinstance(t, m.RecordRef) and t in self.reachable],
+            described_records=[r for r in model.records if m.RecordRef(r.name) in self.reachable],
         )
         paths = []
         for template, name in (("header.h.j2", f"{stem}.ctl.h"), ("source.c.j2", f"{stem}.ctl.c")):

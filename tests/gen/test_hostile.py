@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import unittest
 
+import ccompile
 import support
 
 try:
@@ -138,6 +139,43 @@ class Diagnostics(Hostile):
                 status, headers = self.run_gen("s.idl")
                 self.assertEqual(status, 1)
                 self.assertEqual(len(headers), 1, headers)
+
+
+@unittest.skipUnless(HAVE_JINJA2, "jinja2 is not installed (Debian: python3-jinja2)")
+class Compiles(Hostile):
+    """Valid IDL whose generated C compilers once refused. Each case is generated into its own
+    directory and all are compiled together by every compiler installed (ccompile)."""
+
+    def compile_cases(self, cases):
+        pairs = []
+        for i, (name, text) in enumerate(cases):
+            d = os.path.join(self.tmp, f"case{i}")
+            os.makedirs(d)
+            path = os.path.join(d, name)
+            with open(path, "wb") as f:
+                f.write(text.encode("utf-8"))
+            status, _, err = support.run([path, "-o", d])
+            self.assertEqual(status, 0, f"{name}:\n{text}\n--- stderr ---\n{err}")
+            pairs.append((d, os.path.splitext(name)[0]))
+        compilers = ccompile.available()
+        if not compilers:
+            self.skipTest("no C compiler found")
+        failures = ccompile.compile_batch(pairs, compilers)
+        report = "\n".join(f"--- {cc} refused {d}:\n{msg[:3000]}" for cc, d, msg in failures)
+        self.assertFalse(failures, report)
+
+    def test_records_referring_to_each_other_through_an_optional_in_either_order(self):
+        self.compile_cases([
+            ("a.idl", "service a;\nrecord A { b: B; }\nrecord B { a: A?; }\nop f() -> A;\n"),
+            ("b.idl", "service b;\nrecord B { a: A?; }\nrecord A { b: B; }\nop f() -> A;\n"),
+            ("c.idl", "service c;\nrecord A { b: B?; }\nrecord B { a: A?; }\nop f() -> A;\n"),
+        ])
+
+    def test_records_no_op_uses(self):
+        self.compile_cases([
+            ("u.idl", "service u;\nrecord R { a: list<u32>; b: R?; }\nrecord get_result "
+                      "{ a: u32?; }\nop get() -> u32;\n"),
+        ])
 
 
 if __name__ == "__main__":
