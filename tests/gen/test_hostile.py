@@ -8,6 +8,7 @@ compiler is present.
 """
 
 import os
+import re
 import shutil
 import tempfile
 import unittest
@@ -41,11 +42,12 @@ class Hostile(unittest.TestCase):
         self.assertIn(status, (0, 1), err)
         self.assertNotIn("Traceback", err)
         self.assertEqual(out, "")
-        if err.startswith(("ctlrpc-gen: error: ", f"{name}: error: ")):
-            return status, [err.splitlines()[0]]
-        headers, why = support.diagnostics(err)
+        # Diagnostics about a whole file (or the command line) have no source line.
+        whole = [line for line in err.splitlines() if re.match(r"[^:]+: error: ", line)]
+        rest = "".join(line + "\n" for line in err.splitlines() if line not in whole)
+        headers, why = support.diagnostics(rest)
         self.assertIsNotNone(headers, f"{why}\n--- stderr ---\n{err}")
-        return status, headers
+        return status, whole + headers
 
     def assert_errors(self, name, expected, render=False):
         status, headers = self.run_gen(name, render)
@@ -99,9 +101,12 @@ class Tracebacks(Hostile):
         name = os.fsdecode(b"x\xff.idl")
         self.write(name, "service s;\nop f(a: u64 = 0;\n")
         self.assert_errors(name, [
+            "x\\xff.idl: error: cannot name the generated files after this file: it is not "
+            "valid UTF-8; rename it",
             "x\\xff.idl:2:16: error: expected ',' or ')' after argument, found ';'"])
-        self.write(name, "service s;\nop f();\n")
-        self.assert_errors(name, [])
+        self.write(name, "service s;\nop f();\n")  # a valid IDL: its C files cannot be named
+        self.assert_errors(name, ["x\\xff.idl: error: cannot name the generated files after "
+                                  "this file: it is not valid UTF-8; rename it"])
         self.write("imp.idl", 'service s;\nimport "' + "y\\u00e9.idl" + '";\nop f() -> Y;\n')
         self.write(os.fsdecode(b"y\xc3\xa9.idl"), "record Y { a: u32; }\n")
         self.assert_errors("imp.idl", [], render=HAVE_JINJA2)
@@ -150,13 +155,14 @@ class Compiles(Hostile):
         pairs = []
         for i, (name, text) in enumerate(cases):
             d = os.path.join(self.tmp, f"case{i}")
-            os.makedirs(d)
+            os.makedirs(d, exist_ok=True)
             path = os.path.join(d, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(text.encode("utf-8"))
             status, _, err = support.run([path, "-o", d])
             self.assertEqual(status, 0, f"{name}:\n{text}\n--- stderr ---\n{err}")
-            pairs.append((d, os.path.splitext(name)[0]))
+            pairs.append((d, os.path.splitext(os.path.basename(name))[0]))
         compilers = ccompile.available()
         if not compilers:
             self.skipTest("no C compiler found")
@@ -176,6 +182,76 @@ class Compiles(Hostile):
             ("u.idl", "service u;\nrecord R { a: list<u32>; b: R?; }\nrecord get_result "
                       "{ a: u32?; }\nop get() -> u32;\n"),
         ])
+
+
+class Names(Hostile):
+    """Names that would have met another generated name, a header's name or a keyword in C."""
+
+    def test_service_prefix_joined_to_a_name_forming_a_library_identifier(self):
+        for svc, decl, msg in [
+                ("sched", "op yield();", "2:4: error: op 'yield' would be named 'sched_yield' "
+                                         "in C, which is declared by <sched.h>"),
+                ("time", "record t { a: u32; }\nop f() -> t;",
+                 "2:8: error: record 't' would be named 'time_t' in C, which is declared by "
+                 "<bits/types/time_t.h>"),
+                ("va", "op list();", "2:4: error: op 'list' would be named 'va_list' in C, "
+                                     "which is declared by <stdio.h>"),
+                ("thread", "op local();", "2:4: error: op 'local' would be named 'thread_local' "
+                                          "in C, which is a C keyword"),
+                ("timeout", "op ms();", "2:4: error: op 'ms' would be named 'timeout_ms' in C, "
+                                        "which the generated functions use as a parameter name"),
+                ("s", "record opt_Foo { a: u32; }\nrecord Foo { a: u32; }\n"
+                      "op f(a: Foo?, b: u32?) -> opt_Foo;", None),
+        ]:
+            with self.subTest(svc=svc):
+                self.write("s.idl", f"service {svc};\n{decl}\n")
+                self.assert_errors("s.idl", [f"s.idl:{msg}"] if msg else [])
+
+    def test_macros_keywords_and_generated_names_as_members(self):
+        self.write("s.idl", "service s;\nrecord R {\n    EOF: u32;\n    SIZE_MAX: u32;\n"
+                            "    class: u32;\n    S_R_INIT: u32;\n    CTLRPC_GEN_s_CTL_H: u32;\n"
+                            "}\nop f(new: u32) -> R;\n")
+        self.assert_errors("s.idl", [
+            "s.idl:3:5: error: field name 'EOF' is reserved: it is a macro defined by <stdio.h>",
+            "s.idl:4:5: error: field name 'SIZE_MAX' is reserved: it is a macro defined by "
+            "<stdint.h>",
+            "s.idl:5:5: error: field name 'class' is reserved: it is a C++ keyword (generated "
+            "headers are also included from C++)",
+            "s.idl:6:5: error: field 'S_R_INIT' would clash in C with 'S_R_INIT', the "
+            "initializer macro of record 'R' (line 2); rename it",
+            "s.idl:7:5: error: field 'CTLRPC_GEN_s_CTL_H' would clash in C with "
+            "'CTLRPC_GEN_s_CTL_H', the header guard of file 's.idl'; rename it",
+            "s.idl:9:6: error: argument name 'new' is reserved: it is a C++ keyword (generated "
+            "headers are also included from C++)"])
+
+    def test_long_names_are_refused(self):
+        self.write("s.idl", "service s;\nop " + "a" * 256 + "();\nop " + "b" * 255 + "();\n")
+        self.assert_errors("s.idl", ["s.idl:2:4: error: op name is longer than 255 characters"])
+
+
+@unittest.skipUnless(HAVE_JINJA2, "jinja2 is not installed (Debian: python3-jinja2)")
+class CompilesToo(Compiles):
+    """Comments, string literals and file names."""
+
+    def test_hostile_text_in_comments_and_long_strings(self):
+        hostile = "*/ /* \\u202e \u202e \u2066 ??= ??/ \\\\ \\\" \\0 \\x01 \u2028"
+        text = ("service s;\n/// doc */ /* \u202e bidi \u2067 ??/\n/// \\\nrecord R {\n"
+                f'    a: str = "{hostile}";\n'
+                f'    b: bin = "{"x" * 5000}";\n'
+                '    c: str = "' + "\\u00e9" * 3000 + '";\n'
+                f'    d: str = "{"z" * 4095}";\n'
+                "}\n"
+                f'op f(x: str = "{"y" * 4096}", y: str = "{"x" * 5000}", r: R?) -> R;\n')
+        self.compile_cases([("s.idl", text), ("9lives-x.idl", text),
+                            ("caf\u00e9 */ x.idl", text), ("_x-.idl", text)])
+
+    def test_imported_path_with_comment_delimiters(self):
+        d = os.path.join(self.tmp, "case0")
+        os.makedirs(os.path.join(d, "a*"))
+        with open(os.path.join(d, "a*", "b ??.idl"), "w") as f:
+            f.write("/// a */ record\nrecord B { a: u32; }\n")
+        # the path to the imported file, in the comment before B, has '*/' and '??'
+        self.compile_cases([("s.idl", 'service s;\nimport "a*/b ??.idl";\nop f() -> B;\n')])
 
 
 if __name__ == "__main__":
