@@ -2,17 +2,17 @@
 is installed checks a batch of generated file pairs in one invocation (-fsyntax-only).
 
 For each pair `<stem>.ctl.c` / `<stem>.ctl.h` in its own directory:
-- C compilers (-std=c11) check the .c and a .c that includes only the header, twice;
-- C++ compilers (-std=c++11) check a .cpp that includes only the header, twice;
+- C compilers (-std=c11) check a .c that includes the header twice, then the generated .c;
+- C++ compilers (-std=c++11) check a .cpp that includes the header twice;
 all under -Wall -Wextra -Werror -pedantic. The header's include path and msgpack's come from
 $CTLRPC_TEST_INCLUDES (os.pathsep-separated, set by CMake) or default to the repository's
 runtime headers and the system's.
 """
 
 import os
-import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import support
 
@@ -38,44 +38,44 @@ def available():
 
 
 def prepare(out_dir, stem):
-    """Write the header-only test sources next to a generated pair; return their paths."""
-    text = (f'#include "{stem}.ctl.h"\n#include "{stem}.ctl.h"\n'
-            "int ctlrpc_header_only(void);\n"
-            "int ctlrpc_header_only(void) { return 0; }\n")
+    """Write the test sources next to a generated pair; return their paths: a .c that includes
+    the header twice (it must stand alone and its guard must hold) and then the generated .c,
+    and a .cpp that includes the header twice."""
+    header = f'#include "{stem}.ctl.h"\n#include "{stem}.ctl.h"\n'
     paths = {}
-    for ext in ("c", "cpp"):
-        path = os.path.join(out_dir, f"header_only.{ext}")
+    for ext, text in (("c", header + f'#include "{stem}.ctl.c"\n'), ("cpp", header)):
+        path = os.path.join(out_dir, f"check_{stem_id(stem)}.{ext}")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         paths[ext] = path
     return paths
 
 
-def compile_batch(pairs, compilers=None, timeout=600):
-    """Compile generated pairs [(out_dir, stem)] with every available compiler. Returns a list
-    of failures (compiler, out_dir, message): the directories whose files the compiler refused
-    (or all of them, if its output names none)."""
-    failures = []
+def stem_id(stem):
+    return "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in stem)
+
+
+def compile_batch(pairs, compilers=None, timeout=600, jobs=None):
+    """Compile generated pairs [(out_dir, stem)] with every available compiler, the compilers
+    in parallel (`jobs`, default the CPU count), each over the whole batch in one invocation.
+    Returns a list of failures (compiler, out_dir, message): the directories whose files the
+    compiler refused (or all of them, if its output names none)."""
     incs = include_dirs()
-    for cc, lang in compilers if compilers is not None else available():
-        sources = []
-        for out_dir, stem in pairs:
-            extra = prepare(out_dir, stem)
-            if lang == "c":
-                sources += [os.path.join(out_dir, f"{stem}.ctl.c"), extra["c"]]
-            else:
-                sources.append(extra["cpp"])
+    sources = [prepare(d, stem) for d, stem in pairs]
+
+    def run(entry):
+        cc, lang = entry
+        files = [src["c" if lang == "c" else "cpp"] for src in sources]
         flags = C_FLAGS if lang == "c" else CXX_FLAGS
-        argv = [cc, *flags, *[f"-I{d}" for d in incs]]
-        # Each pair's directory on the include path would let one pair's header shadow
-        # another's of the same name; so compile each source with its own directory, which
-        # quoted includes search first.
-        proc = subprocess.run(argv + sources, capture_output=True, timeout=timeout,
+        argv = [cc, *flags, *[f"-I{d}" for d in incs], *files]
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout,
                               env=dict(os.environ, LC_ALL="C"))
         if proc.returncode == 0:
-            continue
+            return []
         text = proc.stderr.decode("utf-8", "replace")
-        named = [(d, s) for d, s in pairs if re.search(re.escape(d + os.sep), text)]
-        for out_dir, stem in named or pairs:
-            failures.append((os.path.basename(cc), out_dir, text))
-    return failures
+        named = [(d, s) for d, s in pairs if (d + os.sep) in text]
+        return [(os.path.basename(cc), d, text) for d, _ in named or pairs]
+
+    todo = compilers if compilers is not None else available()
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        return [f for result in pool.map(run, todo) for f in result]
