@@ -22,8 +22,8 @@ Wire facts live here, computed once, never in templates:
 - `Record.recursive` and `Model.records_by_dependency`: what a C renderer needs to lay out
   structs (see their docstrings).
 
-Not here: C identifiers and C spellings of values. Those belong to the templates' filters. The
-renderer must escape doc text (`*/`, and `??` trigraphs) and string defaults for C itself.
+Not here: C identifiers (cnames.py owns them) and C spellings of values (the render stage's
+filters, which also escape IDL text copied into comments and string defaults).
 """
 
 from __future__ import annotations

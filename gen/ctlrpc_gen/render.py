@@ -1,21 +1,20 @@
 """The render stage: a checked model -> C files, through jinja2 templates.
 
-This is the only module that imports jinja2. It decides two things the model leaves open, both
-as template filters and globals, never by building C in Python:
+This is the only module that imports jinja2. It decides what the model leaves open, as template
+filters and globals, never by building C in Python:
 
-- C names. Everything a service generates starts with the service name: records become
-  `<service>_<Record>` (the IDL spelling kept, so they cannot collide with the lowercase
-  container types), containers `<service>_list_<T>`, `<service>_map_<T>`, `<service>_opt_<T>`,
-  and each op `<service>_<op>` with `_args`, `_outcome`, `_many`. File-local helpers are static
-  and named `<service>__...` (double underscore).
+- C names: none are made here. Every identifier comes from `cnames.CNames` (templates call
+  `c(role, name)` and `ct(role, type)`), the one place that names generated C and that the
+  checker has already run to prove the names distinct and free.
 - C spellings of values: integer literals with their width (`UINT64_C(5)`), strings escaped for
   C (octal escapes for anything outside printable ASCII, so a `??` trigraph or a `*/` cannot
   appear), defaults as brace initializers (constant expressions, so they can initialize the
-  static defaults the runtime compares against and the `<SVC>_<NAME>_INIT` macros), and doc
-  comments made safe to sit inside `/* */`.
-- Type descriptors: each list, map, optional and record type has one constant `ctl_type`
-  (`<service>__t_<fragment>`), each op one `ctl_op_desc` (`<service>__op_<op>`); `tref` names
-  the descriptor of a type (`&ctl_type_u64` for scalars).
+  static defaults the runtime compares against and the `<SVC>_<NAME>_INIT` macros; a string
+  longer than a C literal may be is a char array), and every piece of IDL text copied into a
+  comment passed through `comment_inline`, the one escape for comments.
+- Type descriptors: each list, map, optional and record type an op can reach has one constant
+  `ctl_type`, each op one `ctl_op_desc`; `tref` names the descriptor of a type
+  (`&ctl_type_u64` for scalars).
 
 Outputs are deterministic (no timestamps, no absolute paths) and written only when their bytes
 change, so a build that regenerates without a change does not recompile.
