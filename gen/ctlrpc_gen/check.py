@@ -7,10 +7,11 @@ reasons behind them, in docs/IDL.md; in brief:
 
 - The main file has exactly one `service`, first. Imported files hold only records and imports.
 - Names: unique in their scope, not differing from another only in case, usable as bare C
-  identifiers (no C keyword or standard C name, no leading `_`, no `ctl_` prefix), and not
-  colliding with the names the generated code derives from the service name (GENERATED_NAMES),
-  nor making it derive one name twice.
-  Ops and records share one scope, since both become `<service>_<name>` in C.
+  identifiers (no C or C++ keyword, no macro of the included headers, no leading `_`, no `ctl_`
+  prefix, at most cnames.MAX_NAME characters), and such that every C identifier generated from
+  them is distinct and not a name the included headers define (cnames.CNames, the one owner of
+  generated C names). Ops and records share one scope, since both become `<service>_<name>`.
+  The file name must be one a C `#include` can spell.
 - Types resolve (with a suggestion when they do not), map keys are `str`, optionals do not nest,
   records are not empty and do not contain themselves without an optional, list or map on the way.
 - Defaults fit their type: range for integers, exactness for integers given to f64, `null` only
@@ -30,8 +31,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from . import ast, model
-from .diag import Diagnostics, Loc, did_you_mean
+from . import ast, cnames, model
+from .diag import Diagnostics, Loc, did_you_mean, shorten
 from .model import ERROR_KINDS, IMPLICIT_ERROR_KIND, RESERVED_ERROR_NAMES, SCALARS
 
 IDL_KEYWORDS = ("service", "import", "record", "op", "notify", "raises", "true", "false", "null")
@@ -44,38 +45,6 @@ TYPE_ALIASES = {
     "int32": "i32", "int64": "i64", "uint32": "u32", "uint64": "u64",
     "f32": "f64", "float": "f64", "double": "f64", "array": "list", "dict": "map",
 }
-
-# C11 keywords, plus C23's new ones so that generated code survives newer compilers.
-C_KEYWORDS = frozenset("""
-    auto break case char const continue default do double else enum extern float for goto if
-    inline int long register restrict return short signed sizeof static struct switch typedef
-    union unsigned void volatile while
-    alignas alignof bool constexpr false nullptr static_assert thread_local true typeof
-    typeof_unqual
-""".split())
-
-# Names that standard headers the generated code includes define as macros or types.
-C_RESERVED = dict(
-    [(n, "it is a standard C macro") for n in
-     ("NULL", "assert", "complex", "errno", "imaginary", "noreturn", "offsetof")]
-    + [(n, "it is a standard C type") for n in
-       ("size_t", "ssize_t", "ptrdiff_t", "intptr_t", "uintptr_t", "intmax_t", "uintmax_t",
-        "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t",
-        "uint64_t", "wchar_t", "max_align_t")]
-    + [(n, "it is a predefined macro in GNU C") for n in ("linux", "unix", "i386")]
-)
-
-# C names the render stage derives from `service S` (keep in step with render.py and
-# templates/): S_<fixed>; S_<op><suffix> for each op; and for each list, map or non-record
-# optional type used, S_<fragment> (see _c_fragment) and, for maps, S_<fragment>_entry. Ops and
-# records are themselves S_<name>, so none may equal one of these, and no two of these may be
-# equal (compared ignoring case, like all names). Static helpers are S__<...>, which no name
-# can reach (names never start with '_').
-GENERATED_NAMES = ("client", "server", "handlers", "serve", "service", "error_code")
-OP_SUFFIXES = ("_args", "_args_init", "_many", "_outcome", "_outcomes_fini", "_handler")
-# Beside those, each op gets S_<op>_raise_<Kind> for each declared kind it raises.
-RECORD_SUFFIXES = ("_init",)
-
 
 def check(program: ast.Program, diags: Diagnostics) -> Optional[model.Model]:
     """Check `program`; the model if no error was reported by any stage so far, else None."""
@@ -113,8 +82,7 @@ class _Checker:
         self.errors = self.check_errors()
         checked_records = [self.check_record(path, rec) for path, rec in records]
         checked_ops = [self.check_op(op, i) for i, op in enumerate(ops)]
-        self.check_generated_names(unique, _types_used(checked_records, checked_ops),
-                                   checked_ops)
+        self.check_c_names(unique, records, ops, checked_records, checked_ops)
         by_name = OrderedDict()
         for rec in checked_records:
             by_name.setdefault(rec.name, rec)
@@ -161,17 +129,19 @@ class _Checker:
         """All records, imported files first (depth-first, in import order), each file's in
         source order."""
         order: List[str] = []
-        seen: Set[str] = set()
-
-        def visit(path: str) -> None:
-            if path in seen:
-                return
-            seen.add(path)
-            for target in self.program.imports.get(path, ()):
-                visit(target)
-            order.append(path)
-
-        visit(self.main.path)
+        seen: Set[str] = {self.main.path}
+        # Depth-first post-order, iterative: import chains may be as long as the input makes them.
+        stack = [(self.main.path, iter(self.program.imports.get(self.main.path, ())))]
+        while stack:
+            path, targets = stack[-1]
+            for target in targets:
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, iter(self.program.imports.get(target, ()))))
+                    break
+            else:
+                stack.pop()
+                order.append(path)
         return [(p, r) for p in order for r in self.files[p].of(ast.Record)]
 
     def compute_visibility(self) -> None:
@@ -198,10 +168,15 @@ class _Checker:
             why = "the 'ctl_' prefix belongs to the ctlrpc runtime"
         elif what == "service" and name.lower() == "ctl":
             why = "generated names would start with 'ctl_', the ctlrpc runtime's prefix"
-        elif name in C_KEYWORDS:
+        elif len(name) > cnames.MAX_NAME:
+            self.error(loc, f"{what} name is longer than {cnames.MAX_NAME} characters")
+            return
+        elif name in cnames.C_KEYWORDS:
             why = "it is a C keyword"
-        elif name in C_RESERVED:
-            why = C_RESERVED[name]
+        elif what in ("field", "argument") and cnames.why_reserved(name, bare=True):
+            # Fields and arguments stand alone in C (members, designated initializers); other
+            # names only inside longer identifiers, which cnames.CNames checks whole.
+            why = "it " + cnames.why_reserved(name, bare=True)
         elif what == "record" and name in BUILTIN_TYPE_NAMES:
             why = "it is a built-in type"
         elif what == "record" and name in IDL_KEYWORDS:
@@ -284,95 +259,31 @@ class _Checker:
         firsts = self.check_scope([(k, n.name, n.loc) for _, k, n in entries])
         return [(entries[i][1], entries[i][2]) for i in firsts]
 
-    def check_generated_names(self, unique: List[Tuple[str, object]],
-                              types: List[model.Type], ops: Sequence[model.Op] = ()) -> None:
-        """Ops and records whose C name the generated code already gives to something else, and
-        two things for which the generated code would derive the same C name."""
+    def check_c_names(self, unique, records, ops, checked_records, checked_ops) -> None:
+        """Every C identifier the generated code would derive from the names declared is
+        distinct and free (cnames.CNames); and the file name can name the generated files.
+        Runs on what could be checked, each name's first declaration only (duplicates are
+        reported already)."""
         if self.service is None:
             return
-        svc = self.service.name
-        # lower-case name -> (what the generated code derives it from: None (always generated),
-        # an op or record node, or a type; the name as spelled)
-        derived: Dict[str, Tuple[object, str]] = {name: (None, name) for name in GENERATED_NAMES}
-        # (name, first origin, second origin) for names derived twice
-        twice: List[Tuple[str, object, object]] = []
-
-        def derive(name: str, origin: object) -> None:
-            first = derived.setdefault(name.lower(), (origin, name))[0]
-            if first is not origin:
-                twice.append((name, first, origin))
-
-        raised = {op.name: op.raises_declared for op in ops}
-        for kind, node in unique:
-            for suffix in OP_SUFFIXES if kind == "op" else RECORD_SUFFIXES:
-                derive(node.name + suffix, node)
-            if kind == "op":
-                for k in raised.get(node.name, ()):
-                    derive(f"{node.name}_raise_{k}", node)
-        for t in types:
-            fragment = _c_fragment(t)
-            if fragment is not None:
-                derive(fragment, t)
-                if isinstance(t, model.MapOf):
-                    derive(fragment + "_entry", t)
-
-        reported: Set[int] = set()
-        for kind, node in unique:
-            key = node.name.lower()
-            if key not in derived or derived[key][0] is node:
-                continue
-            origin = derived[key][0]
-            if origin is None:
-                why = "the generated code uses"
-            elif isinstance(origin, (ast.Op, ast.Record)):
-                reported.add(id(origin))
-                why = f"is generated for {self.describe(origin, node.loc.path)}"
-            else:
-                why = f"is generated for type '{origin.idl}'"
-            reported.add(id(node))
-            self.error(node.loc, f"{kind} '{node.name}' would be named '{svc}_{node.name}' in C, "
-                                 f"which {why}")
-
-        # Two derived names can only meet where a declared name already equals a derived one
-        # (reported above) or where a type's name spells an op's or record's derived name: op
-        # 'list_put' and 'list<put_handler>' both give S_list_put_handler.
-        for name, first, second in twice:
-            if id(first) in reported or id(second) in reported:
-                continue
-            if first is None:
-                raise AssertionError(f"'{name}' is both a fixed and a derived name")
-            nodes = [o for o in (first, second) if isinstance(o, (ast.Op, ast.Record))]
-            types_ = [o for o in (first, second) if isinstance(o, model.Type)]
-            if nodes:
-                at = nodes[0]
-                mine = self.describe(at, None)
-            else:  # two types: report at the record the second one is made of
-                at = self.record_in(types_[1])
-                mine = f"type '{types_[0].idl}'"
-                types_ = types_[1:]
-            if at is None:
-                raise AssertionError(f"'{name}' derived twice, from no declared name")
-            other = types_[0]
-            rec = self.record_in(other)
-            of = ""
-            if rec is not None and rec is not at:
-                of = f" (record '{rec.name}', {rec.loc.where(at.loc.path)})"
-            self.error(at.loc, f"'{svc}_{name}' would be generated in C both for {mine} and for "
-                               f"type '{other.idl}'{of}; rename one of them")
-
-    def describe(self, node: object, path: Optional[str]) -> str:
-        """`op 'put'` or `record 'Blob'`, with where it is declared when `path` is given."""
-        what = "op" if isinstance(node, ast.Op) else "record"
-        where = f" ({node.loc.where(path)})" if path is not None else ""
-        return f"{what} '{node.name}'{where}"
-
-    def record_in(self, t: model.Type) -> Optional[ast.Record]:
-        """The declaration of the record a list, map or optional type is made of, if any."""
-        while not isinstance(t, (model.Scalar, model.RecordRef)):
-            t = model.children(t)[-1]
-        if isinstance(t, model.RecordRef) and t.name in self.record_decls:
-            return self.record_decls[t.name][1]
-        return None
+        stem = cnames.stem_of(self.main.path)
+        why = cnames.stem_problem(stem)
+        if why:
+            self.error(Loc(self.main.path, 0, 0), f"cannot name the generated files after "
+                                                  f"this file: {why}; rename it")
+        by_node = {id(r): c for (_, r), c in zip(records, checked_records)}
+        by_node.update({id(o): c for o, c in zip(ops, checked_ops)})
+        firsts = [by_node[id(node)] for _, node in unique]
+        recs = [c for c in firsts if isinstance(c, model.Record)]
+        op_list = [c for c in firsts if isinstance(c, model.Op)]
+        svc = model.Service(self.service.name, self.service.loc, self.service.doc)
+        names = cnames.CNames(svc, stem, recs, op_list, _types_used(recs, op_list),
+                              self.main.path, list(self.errors.values()))
+        seen = set()
+        for p in names.problems():
+            if (p.loc, p.message) not in seen:
+                seen.add((p.loc, p.message))
+                self.error(p.loc, p.message)
 
     # -- types -------------------------------------------------------------------------------
 
@@ -535,12 +446,9 @@ class _Checker:
         by_name = {r.name: r for r in records}
 
         def held_by_value(rec: model.Record) -> List[str]:
-            out = []
-            for f in rec.fields:
-                t = f.type.inner if isinstance(f.type, model.OptionalOf) else f.type
-                if isinstance(t, model.RecordRef):
-                    out.append(t.name)
-            return out
+            # Only a plain record field holds another struct; an optional record is a pointer
+            # (and counting it could put a struct before one it holds, by declaration order).
+            return [f.type.name for f in rec.fields if isinstance(f.type, model.RecordRef)]
 
         # Depth-first post-order, iterative so that long chains of records cannot exhaust the
         # Python stack.
@@ -606,7 +514,7 @@ def _default_value(lit: ast.Literal, t: model.Type) -> Union[model.Value, str, N
     if t.int_range and lit.kind == "int":
         lo, hi = t.int_range
         if not lo <= lit.value <= hi:
-            return f"default {lit.text} is out of range for {n} ({lo} to {hi})"
+            return f"default {shorten(lit.text)} is out of range for {n} ({lo} to {hi})"
         return model.Value("int", lit.value, lit.text)
     if n == "f64" and lit.kind == "float":
         return model.Value("float", lit.value, lit.text)
@@ -616,7 +524,7 @@ def _default_value(lit: ast.Literal, t: model.Type) -> Union[model.Value, str, N
         except OverflowError:
             exact = False
         if not exact:
-            return f"default {lit.text} is not exactly representable as f64"
+            return f"default {shorten(lit.text)} is not exactly representable as f64"
         return model.Value("float", float(lit.value), lit.text)
     if n == "str" and lit.kind == "str":
         return model.Value("str", lit.value, lit.text)
@@ -645,24 +553,6 @@ def _types_used(records: Sequence[model.Record], ops: Sequence[model.Op]) -> Lis
             use(a.type)
         use(op.result)
     return list(seen)
-
-
-def _c_fragment(t: model.Type) -> Optional[str]:
-    """The name render.py gives the C type of a list, map or non-record optional (after the
-    service prefix): `list_str`, `map_opt_u64`, `list_BlobInfo`. None for other types."""
-    def fragment(t: model.Type) -> str:
-        if isinstance(t, model.ListOf):
-            return "list_" + fragment(t.elem)
-        if isinstance(t, model.MapOf):
-            return "map_" + fragment(t.value)
-        if isinstance(t, model.OptionalOf):
-            return "opt_" + fragment(t.inner)
-        return t.name
-
-    if isinstance(t, (model.ListOf, model.MapOf)) or (
-            isinstance(t, model.OptionalOf) and not isinstance(t.inner, model.RecordRef)):
-        return fragment(t)
-    return None
 
 
 def _expected(t: model.Type) -> str:

@@ -131,12 +131,13 @@ class _GitLoader(_Loader):
         self.root = os.path.join(os.sep, f"ctlrpc-git-{secrets.token_hex(8)}")
         self.in_rev: Dict[str, Optional[str]] = {}  # display -> path in the revision, or None
 
-    def load(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+    def open(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+        # Every file the loader reads, the main one and each import, passes here.
         rel = os.path.relpath(real, self.root)
         display = f"{self.rev}:{rel.replace(os.sep, '/')}"
         outside = rel == os.pardir or rel.startswith(os.pardir + os.sep)
         self.in_rev[display] = None if outside else rel.replace(os.sep, "/")
-        return super().load(display, real, via)
+        return super().open(display, real, via)
 
     def read(self, display: str, via: Optional[ast.Import]) -> Optional[str]:
         rel = self.in_rev.get(display)

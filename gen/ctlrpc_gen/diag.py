@@ -46,14 +46,14 @@ class Loc:
 
     def __str__(self) -> str:
         if self.line <= 0:
-            return self.path
-        return f"{self.path}:{self.line}:{self.col}"
+            return printable(self.path)
+        return f"{printable(self.path)}:{self.line}:{self.col}"
 
     def where(self, other_path: str) -> str:
         """Point at this location from a message about `other_path`: 'line 4' or 'a.idl:4'."""
         if self.path == other_path:
             return f"line {self.line}"
-        return f"{self.path}:{self.line}"
+        return f"{printable(self.path)}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -135,16 +135,31 @@ _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def printable(text: str) -> str:
     """`text` with non-printable characters escaped, for quoting user text inside a message
-    (a raw newline there would break the one-line diagnostic header)."""
+    (a raw newline there would break the one-line diagnostic header) or a generated comment.
+    Control, format (bidi controls included), separator and unassigned characters become
+    `\\xHH` or `\\uHHHH`; a file name's undecodable byte (a surrogate escape, as os.fsdecode
+    gives) becomes `\\xHH` of that byte."""
     out = []
     for ch in text:
+        o = ord(ch)
         if ch.isprintable():
             out.append(ch)
         elif ch in _ESCAPES:
             out.append(_ESCAPES[ch])
+        elif 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
         else:
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
+                       else f"\\U{o:08x}")
     return "".join(out)
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """`text` cut to about `limit` characters for a message (a literal may be thousands of
+    characters long): its start, '...', and how long it is."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 16]}... ({len(text)} characters)"
 
 
 def suggest(name: str, candidates: Iterable[str]) -> Optional[str]:

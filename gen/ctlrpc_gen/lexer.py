@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from .diag import Diagnostics, Loc, printable
+from .diag import Diagnostics, Loc, printable, shorten
 
 PUNCT = frozenset("{}()<>[],;:=?")
 
@@ -38,6 +38,8 @@ _NUMBER = re.compile(r"-?(?:0[xX][0-9A-Fa-f]+|[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-
 _NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
 _WHITESPACE = " \t\r\f\v\ufeff"
 _DIGITS = frozenset("0123456789")  # str.isdigit() would also accept non-ASCII digits
+# More decimal digits than any f64 (309 before the point) or integer type can hold.
+MAX_DECIMAL_DIGITS = 400
 
 _SIMPLE_ESCAPES = {
     '"': '"', "\\": "\\", "'": "'", "n": "\n", "r": "\r", "t": "\t",
@@ -77,7 +79,13 @@ class Token:
 
 
 def tokenize(text: str, path: str, diags: Diagnostics) -> List[Token]:
+    """The tokens of `text`. A leading byte-order mark is not part of the text: callers strip
+    it (`strip_bom`) before registering the source, so that columns start after it."""
     return _Lexer(text, path, diags).run()
+
+
+def strip_bom(text: str) -> str:
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 class _Lexer:
@@ -204,24 +212,37 @@ class _Lexer:
         source = text[start:end]
         if tail:
             source = text[start:tail.end()]
-            self.error(self.loc(start, len(source)), f"malformed number '{source}'")
+            self.error(self.loc(start, len(source)), f"malformed number '{shorten(source)}'")
             self.emit("int", source, None, start, bad=True)
             return
         digits = source.lstrip("-")
         if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
             self.error(self.loc(start, len(source)),
-                       f"malformed number '{source}' (leading zeros are not allowed)")
+                       f"malformed number '{shorten(source)}' (leading zeros are not allowed)")
             self.emit("int", source, None, start, bad=True)
             return
         if digits[:2] in ("0x", "0X"):
-            self.emit("int", source, int(source, 16), start)
+            self.emit("int", source, int(source, 16), start)  # linear time at any length
         elif any(c in digits for c in ".eE"):
             value = float(source)
+            mantissa = digits.split("e")[0].split("E")[0]
             if math.isinf(value):
-                self.error(self.loc(start, len(source)), f"number '{source}' is out of range")
+                self.error(self.loc(start, len(source)),
+                           f"number '{shorten(source)}' is out of range")
+                self.emit("float", source, None, start, bad=True)
+            elif value == 0.0 and mantissa.strip("0.") != "":
+                self.error(self.loc(start, len(source)),
+                           f"number '{shorten(source)}' is out of range (too small: it would "
+                           "be 0 as an f64)")
                 self.emit("float", source, None, start, bad=True)
             else:
                 self.emit("float", source, value, start)
+        elif len(digits) > MAX_DECIMAL_DIGITS:
+            # Beyond every integer type and beyond f64's range; converting thousands of digits
+            # is slow (and refused by Python past 4300), so a stand-in of the same sign and
+            # still out of every range takes its place. The checker reports the range.
+            sign = -1 if source.startswith("-") else 1
+            self.emit("int", source, sign * 10 ** MAX_DECIMAL_DIGITS, start)
         else:
             self.emit("int", source, int(source, 10), start)
 

@@ -22,8 +22,8 @@ Wire facts live here, computed once, never in templates:
 - `Record.recursive` and `Model.records_by_dependency`: what a C renderer needs to lay out
   structs (see their docstrings).
 
-Not here: C identifiers and C spellings of values. Those belong to the templates' filters. The
-renderer must escape doc text (`*/`, and `??` trigraphs) and string defaults for C itself.
+Not here: C identifiers (cnames.py owns them) and C spellings of values (the render stage's
+filters, which also escape IDL text copied into comments and string defaults).
 """
 
 from __future__ import annotations
@@ -297,8 +297,8 @@ class Model:
     files: every IDL file read, main first: the generated files depend on all of them.
     records: every record, imported files' first, each file's in source order.
     records_by_dependency: every record after the records it holds by value (a field of type
-        `R` or `R?`), otherwise in `records` order. A cycle (possible only through `R?`) is
-        broken at its first record in `records` order.
+        `R`; an `R?` field is a pointer and orders nothing), otherwise in `records` order. Such
+        fields form no cycle (the checker refuses one).
     ops: IDL order. op_index: the same ops sorted by name in byte order.
     errors: the declared error kinds, imported files' first, each file's in source order.
     types: every distinct type used by a field, argument or result, inner types before the

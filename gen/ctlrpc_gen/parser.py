@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from . import ast
 from .diag import Diagnostics, Loc, printable, suggest
-from .lexer import Token, tokenize
+from .lexer import Token, strip_bom, tokenize
 
 DECL_KEYWORDS = ("service", "import", "record", "op", "notify", "error")
 # Words that can never name a type (so `-> raises` reads as a missing result type). `error`
@@ -89,6 +89,11 @@ class Parser:
         t = self.peek()
         return (t.kind == "ident" and t.value in DECL_KEYWORDS and t.first_on_line
                 and not self.at_punct(":", 1))
+
+    def at_decl_keyword(self) -> bool:
+        """A declaration keyword anywhere on its line, not used as a field name."""
+        t = self.peek()
+        return t.kind == "ident" and t.value in DECL_KEYWORDS and not self.at_punct(":", 1)
 
     def take_doc(self, t: Token) -> Optional[str]:
         if t.doc is None:
@@ -170,15 +175,25 @@ class Parser:
 
     def parse_file(self) -> ast.File:
         decls: List[ast.Decl] = []
+        recovering = False
         while self.peek().kind != "eof":
             start = self.i
+            if recovering and not self.at_decl_keyword():
+                # What is left of a broken declaration after its `;` or `}` (the rest of a
+                # record whose `{` was missing, say) is skipped without another error: one
+                # mistake, one error.
+                self.skip()
+                continue
+            recovering = False
             try:
                 decls.append(self.parse_decl())
             except _Bail:
                 self.sync_decl()
+                recovering = True
             except _Partial as p:
                 decls.append(p.node)
                 self.sync_decl()
+                recovering = True
             if self.i == start:
                 self.advance()
         self.warn_stray_docs()
@@ -327,8 +342,14 @@ class Parser:
             node = ast.MapType(t.loc, key, value)
         else:
             node = ast.NamedType(t.loc, t.value)
-        while self.at_punct("?"):
+        # `T?`, and `T??` for the checker to explain; a longer run of `?` says nothing more and
+        # is folded into the second level, so that no input builds a deep tree.
+        for level in range(2):
+            if not self.at_punct("?"):
+                break
             node = ast.OptionalType(self.advance().loc, node)
+        while self.at_punct("?"):
+            self.advance()
         return node
 
     def parse_literal(self, depth: int) -> ast.Literal:
@@ -389,7 +410,9 @@ class _Partial(Exception):
 
 
 def parse(text: str, path: str, diags: Diagnostics) -> ast.File:
-    """Parse one file's text. Diagnostics go to `diags`; the tree holds what could be read."""
+    """Parse one file's text. Diagnostics go to `diags`; the tree holds what could be read.
+    A leading byte-order mark is skipped: columns count from the character after it."""
+    text = strip_bom(text)
     diags.add_source(path, text)
     return Parser(tokenize(text, path, diags), path, diags).parse_file()
 
@@ -439,41 +462,76 @@ class _Loader:
                              f"invalid UTF-8 (byte 0x{data[e.start]:02x}); IDL files are UTF-8")
             return None
 
-    def load(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+    def open(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+        """Read and parse one file (None if it cannot be read) and register it as loaded."""
         text = self.read(display, via)
         if text is None:
             return None
         tree = parse(text, display, self.diags)
         self.by_real[real] = tree
         self.files.append(tree)
-        self.stack.append((real, display))
-        targets: List[str] = []
-        for imp in tree.of(ast.Import):
-            if imp.path is None:
-                self.failed.add(display)
-                continue
-            if not imp.path:
-                self.diags.error(imp.loc, "empty import path")
-                continue
-            t_display = os.path.normpath(os.path.join(os.path.dirname(display), imp.path))
-            t_real = os.path.realpath(os.path.join(os.path.dirname(real), imp.path))
-            reals = [r for r, _ in self.stack]
-            if t_real in reals:
-                cycle = [d for _, d in self.stack[reals.index(t_real):]]
-                chain = " -> ".join(cycle + [cycle[0]])
-                self.diags.error(imp.loc, f"import cycle: {chain}")
-                continue
-            if t_real in self.by_real:
-                target = self.by_real[t_real]
-            else:
-                target = self.load(t_display, t_real, imp)
-            if target is None:
-                self.failed.add(display)
-            elif target.path not in targets:
-                targets.append(target.path)
-        self.stack.pop()
-        self.imports[display] = tuple(targets)
         return tree
+
+    def load(self, display: str, real: str, via: Optional[ast.Import]) -> Optional[ast.File]:
+        """Load a file and, depth-first in the order written, everything it imports. Iterative:
+        an import chain as long as the file system allows cannot exhaust the Python stack."""
+        tree = self.open(display, real, via)
+        if tree is None:
+            return None
+        # One frame per file being loaded: (display, real, its imports still to follow, the
+        # display paths of the files it imports that were read).
+        frames = [(tree.path, real, iter(tree.of(ast.Import)), [])]
+        self.stack.append((real, tree.path))
+        while frames:
+            f_display, f_real, pending, targets = frames[-1]
+            for imp in pending:
+                target = self.follow(imp, f_display, f_real)
+                if target is None:
+                    continue
+                t_tree, t_real, fresh = target
+                if t_tree.path not in targets:
+                    targets.append(t_tree.path)
+                if fresh:
+                    frames.append((t_tree.path, t_real, iter(t_tree.of(ast.Import)), []))
+                    self.stack.append((t_real, t_tree.path))
+                    break
+            else:
+                frames.pop()
+                self.stack.pop()
+                self.imports[f_display] = tuple(targets)
+        return tree
+
+    def follow(self, imp: ast.Import, display: str, real: str):
+        """The file `imp` (in the file `display`) names: (tree, real path, whether it was just
+        read and its own imports remain to be followed), or None after reporting why not."""
+        if imp.path is None:
+            self.failed.add(display)
+            return None
+        if not imp.path:
+            self.diags.error(imp.loc, "empty import path")
+            return None
+        if "\0" in imp.path:
+            self.diags.error(imp.loc, "import path contains a NUL character")
+            self.failed.add(display)
+            return None
+        t_display = os.path.normpath(os.path.join(os.path.dirname(display), imp.path))
+        t_real = os.path.realpath(os.path.join(os.path.dirname(real), imp.path))
+        reals = [r for r, _ in self.stack]
+        if t_real in reals:
+            cycle = [printable(d) for _, d in self.stack[reals.index(t_real):]]
+            cycle.append(cycle[0])
+            if len(cycle) > 9:  # a long chain shows its ends
+                cycle[4:-4] = [f"... ({len(cycle) - 9} more) ..."]
+            chain = " -> ".join(cycle)
+            self.diags.error(imp.loc, f"import cycle: {chain}")
+            return None
+        if t_real in self.by_real:
+            return self.by_real[t_real], t_real, False
+        tree = self.open(t_display, t_real, imp)
+        if tree is None:
+            self.failed.add(display)
+            return None
+        return tree, t_real, True
 
     def incomplete(self) -> frozenset:
         """Files that see a failed import, directly or through the files they import."""

@@ -1,21 +1,20 @@
 """The render stage: a checked model -> C files, through jinja2 templates.
 
-This is the only module that imports jinja2. It decides two things the model leaves open, both
-as template filters and globals, never by building C in Python:
+This is the only module that imports jinja2. It decides what the model leaves open, as template
+filters and globals, never by building C in Python:
 
-- C names. Everything a service generates starts with the service name: records become
-  `<service>_<Record>` (the IDL spelling kept, so they cannot collide with the lowercase
-  container types), containers `<service>_list_<T>`, `<service>_map_<T>`, `<service>_opt_<T>`,
-  and each op `<service>_<op>` with `_args`, `_outcome`, `_many`. File-local helpers are static
-  and named `<service>__...` (double underscore).
+- C names: none are made here. Every identifier comes from `cnames.CNames` (templates call
+  `c(role, name)` and `ct(role, type)`), the one place that names generated C and that the
+  checker has already run to prove the names distinct and free.
 - C spellings of values: integer literals with their width (`UINT64_C(5)`), strings escaped for
   C (octal escapes for anything outside printable ASCII, so a `??` trigraph or a `*/` cannot
   appear), defaults as brace initializers (constant expressions, so they can initialize the
-  static defaults the runtime compares against and the `<SVC>_<NAME>_INIT` macros), and doc
-  comments made safe to sit inside `/* */`.
-- Type descriptors: each list, map, optional and record type has one constant `ctl_type`
-  (`<service>__t_<fragment>`), each op one `ctl_op_desc` (`<service>__op_<op>`); `tref` names
-  the descriptor of a type (`&ctl_type_u64` for scalars).
+  static defaults the runtime compares against and the `<SVC>_<NAME>_INIT` macros; a string
+  longer than a C literal may be is a char array), and every piece of IDL text copied into a
+  comment passed through `comment_inline`, the one escape for comments.
+- Type descriptors: each list, map, optional and record type an op can reach has one constant
+  `ctl_type`, each op one `ctl_op_desc`; `tref` names the descriptor of a type
+  (`&ctl_type_u64` for scalars).
 
 Outputs are deterministic (no timestamps, no absolute paths) and written only when their bytes
 change, so a build that regenerates without a change does not recompile.
@@ -24,14 +23,14 @@ change, so a build that regenerates without a change does not recompile.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-from typing import Dict, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 import jinja2
 
+from . import cnames
 from . import model as m
-from .diag import FatalError
+from .diag import FatalError, printable
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
@@ -57,6 +56,11 @@ class Renderer:
         self.model = model
         self.svc = model.service.name
         self.display_root = display_root
+        self._reachable: Optional[set] = None
+        self.stem = cnames.stem_of(model.path)
+        # Every C identifier below comes from here (see cnames.py).
+        self.names = cnames.CNames(model.service, self.stem, model.records, model.ops,
+                                   model.types, model.path, model.errors)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             undefined=jinja2.StrictUndefined,
@@ -67,14 +71,13 @@ class Renderer:
         )
         f = self.env.filters
         f["ctype"] = self.ctype
-        f["tname"] = self.tname
         f["decl"] = self.decl
         f["init_value"] = self.init_value
         f["c_string"] = c_string
         f["comment"] = comment_text
+        f["comment_inline"] = comment_inline
         f["display"] = self.display
         f["tref"] = self.tref
-        f["macro"] = macro_name
         g = self.env.globals
         g["m"] = m
         g["svc"] = self.svc
@@ -86,20 +89,13 @@ class Renderer:
         # Declared error kinds some op raises: they get a descriptor in the .c.
         g["raised_errors"] = [e for e in model.errors
                               if any(e.name in op.raises_declared for op in model.ops)]
+        g["c"] = self.names.get
+        g["ct"] = self.names.of_type
+        g["long_strings"] = sorted(((name, data) for data, name in self.names.long_strings.items()),
+                                   key=lambda p: int(p[0].rsplit("__s", 1)[1]))
+        f["char_array"] = char_array
 
     # -- names ----------------------------------------------------------------------------
-
-    def tname(self, t: m.Type) -> str:
-        """A type's part of C names: `u64`, `list_str`, `map_opt_u64`, `BlobInfo`."""
-        if isinstance(t, m.Scalar):
-            return t.name
-        if isinstance(t, m.ListOf):
-            return "list_" + self.tname(t.elem)
-        if isinstance(t, m.MapOf):
-            return "map_" + self.tname(t.value)
-        if isinstance(t, m.OptionalOf):
-            return "opt_" + self.tname(t.inner)
-        return t.name
 
     def ctype(self, t: m.Type) -> str:
         """The C type that holds a value of `t` (an optional record is a pointer, NULL if
@@ -107,8 +103,10 @@ class Renderer:
         if isinstance(t, m.Scalar):
             return _SCALAR_C[t.name]
         if isinstance(t, m.OptionalOf) and isinstance(t.inner, m.RecordRef):
-            return f"const {self.svc}_{t.inner.name} *"
-        return f"{self.svc}_{self.tname(t)}"
+            return f"const {self.names.get('record', t.inner.name)} *"
+        if isinstance(t, m.RecordRef):
+            return self.names.get("record", t.name)
+        return self.names.of_type("type", t)
 
     def decl(self, t: m.Type, name: str) -> str:
         """`ctype name`, spaced for pointers: `uint64_t size`, `const x_Node *next`."""
@@ -131,7 +129,9 @@ class Renderer:
         for the rest."""
         if isinstance(t, m.Scalar):
             return f"&ctl_type_{t.name}"
-        return f"&{self.svc}__t_{self.tname(t)}"
+        if isinstance(t, m.RecordRef):
+            return "&" + self.names.get("r", t.name)
+        return "&" + self.names.of_type("t", t)
 
     # -- values ---------------------------------------------------------------------------
 
@@ -148,6 +148,9 @@ class Renderer:
         if isinstance(t, m.Scalar):
             if t.name in ("str", "bin"):
                 data = v.value if isinstance(v.value, bytes) else str(v.value).encode()
+                array = self.names.long_string(data)
+                if array is not None:  # too long for one C string literal
+                    return f"{{{array}, {len(data)}}}"
                 return f"{{{c_string(data)}, {len(data)}}}"
             return scalar_literal(v, t.name)
         raise AssertionError(f"no literal for {t.idl}")
@@ -161,7 +164,7 @@ class Renderer:
             if mem.default_written:
                 out.append((mem.name, self.init_value(mem.default, mem.type)))
             elif isinstance(mem.type, m.RecordRef) and self.record_has_defaults(mem.type.name):
-                out.append((mem.name, macro_name(f"{self.svc}_{mem.type.name}_INIT")))
+                out.append((mem.name, self.names.get("record_INIT", mem.type.name)))
         return out
 
     def record_has_defaults(self, name: str, seen: frozenset = frozenset()) -> bool:
@@ -174,6 +177,26 @@ class Renderer:
                        and self.record_has_defaults(f.type.name, seen | {name}))
                    for f in self.model.record(name).fields)
 
+    @property
+    def reachable(self) -> set:
+        """The types an op's args or result can hold, at any depth: those need descriptors.
+        (A descriptor nothing refers to would be an unused static constant, which compilers
+        warn about: a record only imported, or only used by other unused records.)"""
+        if self._reachable is None:
+            seen: set = set()
+            todo = [a.type for op in self.model.ops for a in op.args]
+            todo += [op.result for op in self.model.ops if op.result is not None]
+            while todo:
+                t = todo.pop()
+                if t in seen:
+                    continue
+                seen.add(t)
+                todo.extend(m.children(t))
+                if isinstance(t, m.RecordRef):
+                    todo.extend(f.type for f in self.model.record(t.name).fields)
+            self._reachable = seen
+        return self._reachable
+
     # -- output ---------------------------------------------------------------------------
 
     def render(self, out_dir: str, stem: str) -> List[str]:
@@ -184,26 +207,22 @@ class Renderer:
             model=model,
             stem=stem,
             header=f"{stem}.ctl.h",
-            guard=re.sub(r"[^A-Za-z0-9]", "_", f"{stem}_CTL_H").upper(),
+            guard=self.names.get("guard"),
             idl_path=self.display(model.path),
             containers=[t for t in model.types
                         if isinstance(t, (m.ListOf, m.MapOf))
                         or (isinstance(t, m.OptionalOf)
                             and not isinstance(t.inner, m.RecordRef))],
             maps=[t for t in model.types if isinstance(t, m.MapOf)],
-            codec_types=[t for t in model.types if not isinstance(t, m.RecordRef)],
+            codec_types=[t for t in model.types
+                         if not isinstance(t, m.RecordRef) and t in self.reachable],
+            described_records=[r for r in model.records if m.RecordRef(r.name) in self.reachable],
         )
         paths = []
         for template, name in (("header.h.j2", f"{stem}.ctl.h"), ("source.c.j2", f"{stem}.ctl.c")):
             text = self.env.get_template(template).render(**ctx)
             paths.append(write_if_changed(os.path.join(out_dir, name), text))
         return paths
-
-
-def macro_name(name: str) -> str:
-    """A C macro name: the identifier in upper case (`storage_put_ARGS_INIT` ->
-    `STORAGE_PUT_ARGS_INIT`). Names never differ only in case (check), so these stay unique."""
-    return name.upper()
 
 
 def has_views(t: Optional[m.Type]) -> bool:
@@ -256,13 +275,41 @@ def c_string(data) -> str:
 
 
 def comment_text(text: Optional[str]) -> List[str]:
-    """Doc text as lines safe inside a C block comment (no `*/`, no trigraphs)."""
+    """Doc text as lines safe inside a C block comment (see comment_inline)."""
     if not text:
         return []
-    safe = text.replace("*/", "* /").replace("/*", "/ *")
+    return [comment_inline(line).rstrip() for line in text.split("\n")]
+
+
+def comment_inline(text: str) -> str:
+    """User text (a doc line, a default as written, a path, a file name) made safe to copy into
+    a C block comment, on one line: the one escape every generated comment goes through.
+    `*/` and `/*` are broken up, `??` too (a trigraph, and `??/` a line splice under
+    -std=c11); control, format (bidi controls included) and separator characters, and bytes
+    of a file name that are not UTF-8, become `\\uHHHH`/`\\xHH` (diag.printable); a trailing
+    backslash, which would splice the next line, becomes `\\x5c`."""
+    safe = printable(text)
+    safe = safe.replace("*/", "* /").replace("/*", "/ *")
     while "??" in safe:
         safe = safe.replace("??", "? ?")
-    return [line.rstrip() for line in safe.splitlines()]
+    if safe.endswith("\\"):
+        safe = safe[:-1] + "\\x5c"
+    return safe
+
+
+def char_array(data: bytes) -> str:
+    """The initializer of a char array holding `data`: character constants, 12 a line."""
+    items = []
+    for b in data:
+        ch = chr(b)
+        if ch in "'\\":
+            items.append("'\\" + ch + "'")
+        elif 0x20 <= b < 0x7F:
+            items.append(f"'{ch}'")
+        else:
+            items.append("'\\%03o'" % b)
+    lines = [", ".join(items[i:i + 12]) for i in range(0, len(items), 12)]
+    return "{\n    " + ",\n    ".join(lines) + "\n}"
 
 
 def write_if_changed(path: str, text: str) -> str:
@@ -332,7 +379,7 @@ def render(model: m.Model, out_dir: str, display_root: Optional[str] = None,
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise FatalError(f"cannot create output directory {out_dir}: {e.strerror}") from None
-    stem = os.path.splitext(os.path.basename(model.path))[0]
+    stem = cnames.stem_of(model.path)
     paths = Renderer(model, display_root).render(out_dir, stem)
     if depfile:
         write_depfile(depfile, paths, model.files)

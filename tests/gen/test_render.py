@@ -118,7 +118,7 @@ class RenderTest(unittest.TestCase):
         out = self.gen(STORAGE_IDL, "s")
         source = self.read(os.path.join(out, "storage.ctl.c")).decode()
         self.assertIn("static const ctl_op_desc storage__op_put = {", source)
-        self.assertIn("static const ctl_type storage__t_BlobInfo = {", source)
+        self.assertIn("static const ctl_type storage__r_BlobInfo = {", source)
         self.assertIn("    .args = &storage__at_put,\n", source)
         self.assertIn("    return ctl_stub_call(client, address, &storage__op_put, args, timeout_ms,",
                       source)

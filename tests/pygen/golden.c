@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     d_all.opts = (matrix_map_u64){.items = opts, .count = 2};
     d_all.inner = &inner_in;
     d_all.from = 1;
-    d_all.class = (matrix_opt_str){true, S("k")};
+    d_all.pass = (matrix_opt_str){true, S("k")};
     d_all.lambda = true;
     d_all.address = S("tcp://x");
     d_all.timeout = 65536;

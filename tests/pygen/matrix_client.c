@@ -77,7 +77,7 @@ static const char *everything_diff(const matrix_Everything *a, const matrix_Ever
     if (a->ratio != b->ratio) return "ratio";
     if (!str_eq(a->name, b->name)) return "name";
     if (!str_eq(a->bytes, b->bytes)) return "bytes";
-    if (!str_eq(a->class, b->class)) return "class";
+    if (!str_eq(a->pass, b->pass)) return "pass";
     if (a->ints.count != b->ints.count) return "ints";
     for (size_t i = 0; i < a->ints.count; i++)
         if (a->ints.items[i] != b->ints.items[i]) return "ints[i]";
@@ -124,15 +124,15 @@ static const char *everything_diff(const matrix_Everything *a, const matrix_Ever
 
 static const char *DEFAULT_LINE =
     "flag=false small=-1 big=0 count=7 total=0 ratio=0.5 name=n blob=62 note=nil tags=[] "
-    "opts={} inner=nil from=0 class=nil lambda=false address= timeout=0 self=0";
+    "opts={} inner=nil from=0 pass=nil lambda=false address= timeout=0 self=0";
 static const char *ALL_LINE =
     "flag=true small=-100000 big=-9223372036854775808 count=4294967295 "
     "total=18446744073709551615 ratio=-0.25 name=\xc3\xbcn\xc3\xaf blob=00ff note='n' "
-    "tags=[a,] opts={z:0,a:300} inner={in|0.5|[]} from=1 class='k' lambda=true "
+    "tags=[a,] opts={z:0,a:300} inner={in|0.5|[]} from=1 pass='k' lambda=true "
     "address=tcp://x timeout=65536 self=-32";
 static const char *FLAG_LINE =
     "flag=true small=-1 big=0 count=7 total=0 ratio=0.5 name=n blob=62 note=nil tags=[] "
-    "opts={} inner=nil from=0 class=nil lambda=false address= timeout=0 self=0";
+    "opts={} inner=nil from=0 pass=nil lambda=false address= timeout=0 self=0";
 
 static void sleep_ms(long ms)
 {
@@ -224,7 +224,7 @@ int main(int argc, char **argv)
         d.opts = (matrix_map_u64){.items = opts, .count = 2};
         d.inner = &inner_in;
         d.from = 1;
-        d.class = (matrix_opt_str){true, S("k")};
+        d.pass = (matrix_opt_str){true, S("k")};
         d.lambda = true;
         d.address = S("tcp://x");
         d.timeout = 65536;

@@ -25,11 +25,11 @@ m = support.matrix()
 MS = 10.0
 
 DEFAULT_LINE = ("flag=false small=-1 big=0 count=7 total=0 ratio=0.5 name=n blob=62 note=nil "
-                "tags=[] opts={} inner=nil from=0 class=nil lambda=false address= timeout=0 "
+                "tags=[] opts={} inner=nil from=0 pass=nil lambda=false address= timeout=0 "
                 "self=0")
 ALL_LINE = ("flag=true small=-100000 big=-9223372036854775808 count=4294967295 "
             "total=18446744073709551615 ratio=-0.25 name=\u00fcn\u00ef blob=00ff note='n' "
-            "tags=[a,] opts={z:0,a:300} inner={in|0.5|[]} from=1 class='k' lambda=true "
+            "tags=[a,] opts={z:0,a:300} inner={in|0.5|[]} from=1 pass='k' lambda=true "
             "address=tcp://x timeout=65536 self=-32")
 FLAG_LINE = DEFAULT_LINE.replace("flag=false", "flag=true")
 

@@ -62,7 +62,7 @@ static void put_strs(line *l, matrix_list_str tags)
 
 /*
  * flag=true small=-1 big=0 count=7 total=0 ratio=0.5 name=n blob=62 note=nil
- * tags=[a,b] opts={k:1} inner=nil from=0 class=nil lambda=false address=
+ * tags=[a,b] opts={k:1} inner=nil from=0 pass=nil lambda=false address=
  * timeout=0 self=0 (one line). Doubles as %.17g, bins in hex, optional
  * strings quoted, an Inner as {label|weight|[tags]}.
  */
@@ -105,10 +105,10 @@ static int on_describe(void *ctx, const matrix_describe_args *a, ctl_str *result
     } else {
         put(&l, "nil");
     }
-    put(&l, " from=%" PRIu64 " class=", a->from);
-    if (a->class.present) {
+    put(&l, " from=%" PRIu64 " pass=", a->from);
+    if (a->pass.present) {
         put(&l, "'");
-        put_str(&l, a->class.value);
+        put_str(&l, a->pass.value);
         put(&l, "'");
     } else {
         put(&l, "nil");

@@ -51,13 +51,13 @@ class Unit(m.Handlers):  # type: ignore
 
     def describe(self, *, flag: bool, small: int, big: int, count: int, total: int,
                  ratio: float, name: str, blob: bytes, note: Optional[str], tags: List[str],
-                 opts: Dict[str, int], inner: object, from_: int, class_: Optional[str],
+                 opts: Dict[str, int], inner: object, from_: int, pass_: Optional[str],
                  lambda_: bool, address_: str, timeout_: int, self_: int) -> str:
         opts_text = ",".join(f"{k}:{v}" for k, v in opts.items())
         return (f"flag={'true' if flag else 'false'} small={small} big={big} count={count} "
                 f"total={total} ratio={'%.17g' % ratio} name={name} blob={blob.hex()} "
                 f"note={quoted(note)} tags=[{','.join(tags)}] opts={{{opts_text}}} "
-                f"inner={inner_text(inner)} from={from_} class={quoted(class_)} "
+                f"inner={inner_text(inner)} from={from_} pass={quoted(pass_)} "
                 f"lambda={'true' if lambda_ else 'false'} address={address_} "
                 f"timeout={timeout_} self={self_}")
 

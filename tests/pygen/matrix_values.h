@@ -48,7 +48,7 @@ static matrix_Everything mv_full(void)
     e.ratio = 3.25;
     e.name = S("name");
     e.bytes = S("\x00\x01\xff");
-    e.class = S("k");
+    e.pass = S("k");
     e.ints = (matrix_list_i64){.items = mv_ints, .count = 3};
     e.names = (matrix_map_str){.items = mv_names, .count = 2};
     e.maybe = (matrix_opt_str){.present = true, .value = S("m")};

@@ -11,7 +11,7 @@ def full(m: ModuleType) -> Any:
     """Every field set, most away from their defaults (mv_full)."""
     return m.Everything(
         flag=True, small=-5, big=1 << 40, count=70000, total=2 ** 64 - 1, ratio=3.25,
-        name="name", bytes=b"\x00\x01\xff", class_="k", ints=[1, -2, 3 << 33],
+        name="name", bytes=b"\x00\x01\xff", pass_="k", ints=[1, -2, 3 << 33],
         names={"a": "x", "b": ""}, maybe="m", grid=[[1, 2], [], [-3]], holes=[1, None, 3],
         index={"i": [m.Inner(label="l1", weight=0.25, tags=["t"]), m.Inner(label="l2")],
                "e": []},
@@ -31,7 +31,7 @@ def sparse(m: ModuleType) -> Any:
 DESCRIBE_ALL: Dict[str, Any] = dict(
     flag=True, small=-100000, big=-2 ** 63, count=2 ** 32 - 1, total=2 ** 64 - 1, ratio=-0.25,
     name="\u00fcn\u00ef", blob=b"\x00\xff", note="n", tags=["a", ""], opts={"z": 0, "a": 300},
-    from_=1, class_="k", lambda_=True, address_="tcp://x", timeout_=65536, self_=-32)
+    from_=1, pass_="k", lambda_=True, address_="tcp://x", timeout_=65536, self_=-32)
 
 
 def cases(m: ModuleType) -> Dict[str, Tuple[str, Dict[str, Any]]]:

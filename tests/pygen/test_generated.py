@@ -146,9 +146,9 @@ class Generated(unittest.TestCase):
     # -- names ----------------------------------------------------------------------------------
 
     def test_keyword_named_args(self) -> None:
-        got = self.client.describe(self.addr, from_=3, class_="c", lambda_=True, address_="a",
+        got = self.client.describe(self.addr, from_=3, pass_="c", lambda_=True, address_="a",
                                    timeout_=4, self_=5, timeout=5.0)
-        for part in ("from_=3", "class_='c'", "lambda_=True", "address_='a'", "timeout_=4",
+        for part in ("from_=3", "pass_='c'", "lambda_=True", "address_='a'", "timeout_=4",
                      "self_=5"):
             self.assertIn(part, got)
 
@@ -244,7 +244,7 @@ class Generated(unittest.TestCase):
         got = self.client.rpc.call(self.addr, "describe", {})
         self.assertEqual(got, self.unit.describe(
             flag=False, small=-1, big=0, count=7, total=0, ratio=0.5, name="n", blob=b"b",
-            note=None, tags=[], opts={}, inner=None, from_=0, class_=None, lambda_=False,
+            note=None, tags=[], opts={}, inner=None, from_=0, pass_=None, lambda_=False,
             address_="", timeout_=0, self_=0))
 
     def test_many(self) -> None:
@@ -361,9 +361,9 @@ class Generated(unittest.TestCase):
         with self.assertRaises(TypeError):
             m.Inner("positional")  # type: ignore
         e = matrix_values.sparse(m)
-        self.assertEqual((e.class_, e.name_d, e.blob_d, e.ratio_d, e.maybe_d),
+        self.assertEqual((e.pass_, e.name_d, e.blob_d, e.ratio_d, e.maybe_d),
                          ("c", "d\u00e9", b"raw", 2.0, "set"))
-        self.assertIn("class_='c'", repr(e))
+        self.assertIn("pass_='c'", repr(e))
 
 
 class CommandLine(unittest.TestCase):
