@@ -329,6 +329,12 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
                 more);
         return 0;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        /* The connection broke during the handshake (the client went away:
+         * value is an errno); a disconnect follows, and is counted. */
+        if (ctl_log_enabled(CTL_LOG_DEBUG))
+            ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection broke during its "
+                    "handshake: %s", s->endpoint, strerror((int)value));
+        return 0;
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         bump(&c->handshake_failures);
         if (!ctl_log_enabled(CTL_LOG_WARN) ||
@@ -338,9 +344,7 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
             snprintf(more, sizeof more, " (%llu more since the last line)",
                      (unsigned long long)skipped);
         ctl_log(CTL_LOG_WARN, "server", "%s: refused a connection's handshake: %s "
-                "(0x%08x)%s", s->endpoint,
-                event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? handshake_why(value)
-                                                             : "it failed",
+                "(ZeroMQ protocol error 0x%08x)%s", s->endpoint, handshake_why(value),
                 (unsigned)value, more);
         return 0;
     case ZMQ_EVENT_MONITOR_STOPPED:
