@@ -4,7 +4,8 @@
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
  *                    [--max-msg-bytes BYTES] [--max-key-bytes BYTES]
  *                    [--index-capacity BYTES] [--max-list-keys N]
- *                    [--drain-timeout MS]
+ *                    [--drain-timeout MS] [--no-describe]
+ *                    [--log-level LEVEL]
  *                    [--curve-secret FILE
  *                    [--curve-allow FILE]]
  *   ctl-storage-unit --gen-keys PREFIX
@@ -13,7 +14,11 @@
  * SIGINT or SIGTERM, then shuts down cleanly (spill files are removed).
  * Every client connection costs the unit a file descriptor, so it raises
  * its soft RLIMIT_NOFILE to the hard limit at start (the usual soft limit
- * of 1024 would refuse clients beyond about a thousand).
+ * of 1024 would refuse clients beyond about a thousand); a connection it
+ * still cannot accept is logged by the runtime (docs/OPERATIONS.md).
+ *
+ * Logs: one line per event on stderr, with its time and level
+ * (ctlrpc/log.h); --log-level picks how much (default warn).
  *
  * The service itself is in handlers.c; this file is the program around
  * it: options, keys, signals.
@@ -26,6 +31,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,16 +39,26 @@
 
 #include "handlers.h"
 
+#define PROG "ctl-storage-unit"
+
 /* Allow as many open files as the hard limit does: one per connection. */
 static void raise_nofile_limit(void)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return;
+    unsigned long long soft = (unsigned long long)rl.rlim_cur;
+    if (rl.rlim_cur >= rl.rlim_max) {
+        ctl_log(CTL_LOG_INFO, PROG, "open-file limit %llu (the hard limit)", soft);
+        return;
+    }
     rl.rlim_cur = rl.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-        fprintf(stderr, "ctl-storage-unit: cannot raise the open-file limit to "
-                "%llu: %s\n", (unsigned long long)rl.rlim_max, strerror(errno));
+        ctl_log(CTL_LOG_WARN, PROG, "cannot raise the open-file limit from %llu to %llu: %s",
+                soft, (unsigned long long)rl.rlim_max, strerror(errno));
+    else
+        ctl_log(CTL_LOG_INFO, PROG, "open-file limit raised from %llu to %llu", soft,
+                (unsigned long long)rl.rlim_max);
 }
 
 static void usage(FILE *f)
@@ -52,6 +68,7 @@ static void usage(FILE *f)
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
             "                        [--max-key-bytes BYTES] [--index-capacity BYTES]\n"
             "                        [--max-list-keys N] [--drain-timeout MS]\n"
+            "                        [--no-describe] [--log-level LEVEL]\n"
             "                        [--curve-secret FILE [--curve-allow FILE]]\n"
             "       ctl-storage-unit --gen-keys PREFIX\n"
             "\n"
@@ -75,6 +92,10 @@ static void usage(FILE *f)
             "  --drain-timeout MS   on SIGINT/SIGTERM, keep answering the requests\n"
             "                       that have arrived for at most this long\n"
             "                       (default 5000), then exit\n"
+            "  --no-describe        answer the built-in op _describe (which returns\n"
+            "                       the service's IDL) with a Protocol error\n"
+            "  --log-level LEVEL    error, warn, info or debug (default warn): log\n"
+            "                       lines go to stderr, one per event\n"
             "  --curve-secret FILE  encrypt with CURVE: the unit's secret key (the\n"
             "                       file must not be readable by others); only\n"
             "                       clients that know its public key get through\n"
@@ -99,6 +120,8 @@ int main(int argc, char **argv)
         {"curve-secret", required_argument, NULL, 'k'},
         {"curve-allow", required_argument, NULL, 'A'},
         {"gen-keys", required_argument, NULL, 'g'},
+        {"no-describe", no_argument, NULL, 'N'},
+        {"log-level", required_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -106,6 +129,8 @@ int main(int argc, char **argv)
     uint64_t capacity = (uint64_t)1 << 30, max_msg = 0;
     uint64_t max_key = STORE_DEFAULT_MAX_KEY_BYTES, index_capacity = STORE_DEFAULT_INDEX_CAPACITY;
     uint64_t max_list = STORE_DEFAULT_MAX_LIST_KEYS, drain_ms = 5000;
+    bool no_describe = false;
+    ctl_log_level level = CTL_LOG_DEFAULT;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -164,6 +189,16 @@ int main(int argc, char **argv)
             drain_ms = v;
             break;
         }
+        case 'N':
+            no_describe = true;
+            break;
+        case 'l':
+            if (ctl_log_level_parse(optarg, &level) != 0) {
+                fprintf(stderr, "ctl-storage-unit: --log-level '%s' is not one of "
+                        "error, warn, info, debug\n", optarg);
+                return 2;
+            }
+            break;
         case 'k':
             secret_file = optarg;
             break;
@@ -199,6 +234,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    ctl_log_set_level(level);
     raise_nofile_limit();
 
     /* Signals are taken synchronously by this thread (sigwait below); block
@@ -231,7 +267,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; allow_ptrs && i < allow_count; i++)
         allow_ptrs[i] = allow[i];
     if (store_new(capacity, spill, &u.store, &err) != 0) {
-        fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
+        ctl_log(CTL_LOG_ERROR, PROG, "%s", err.msg);
         ctl_error_fini(&err);
         free(allow_ptrs);
         free(allow);
@@ -248,6 +284,7 @@ int main(int argc, char **argv)
     so.curve_secret_key = secret_file ? secret : NULL;
     so.curve_allow = allow_ptrs;
     so.curve_allow_count = allow_count;
+    so.describe_off = no_describe;
 
     /* Hold the lock until u.server is set: a request that arrives at once
      * waits for it instead of reading a NULL server in stats. */
@@ -258,24 +295,26 @@ int main(int argc, char **argv)
     free(allow_ptrs);
     free(allow);
     if (rc != 0) {
-        fprintf(stderr, "ctl-storage-unit: %s\n", err.msg);
+        ctl_log(CTL_LOG_ERROR, PROG, "%s", err.msg);
         store_destroy(&u.store);
         ctl_error_fini(&err);
         return 1;
     }
     printf("%s\n", ctl_server_endpoint(u.server));
     fflush(stdout);
+    ctl_log(CTL_LOG_INFO, PROG, "serving %s on %s", storage_service.name,
+            ctl_server_endpoint(u.server));
 
     int sig = 0;
     while (sigwait(&stop, &sig) != 0)
         ;
-    fprintf(stderr, "ctl-storage-unit: %s, shutting down\n", strsignal(sig));
+    ctl_log(CTL_LOG_INFO, PROG, "%s, shutting down", strsignal(sig));
     /* Answer what has arrived (bounded by --drain-timeout), then stop. */
     ctl_server_drain(u.server, (int)drain_ms);
     ctl_server_stats ss;
     ctl_server_stats_get(u.server, &ss);
-    fprintf(stderr, "ctl-storage-unit: stopped after %" PRIu64 " requests, %" PRIu64
-            " replies\n", ss.requests, ss.replies);
+    ctl_log(CTL_LOG_INFO, PROG, "stopped after %" PRIu64 " requests, %" PRIu64 " replies",
+            ss.requests, ss.replies);
     ctl_server_destroy(&u.server);
     store_destroy(&u.store);
     ctl_error_fini(&err);

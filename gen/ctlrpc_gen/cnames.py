@@ -20,7 +20,7 @@ What is registered (S is the service name; N an op or record name; F a type's fr
 - internal file-scope names (descriptors, helpers, long string constants): `S__<tag>_<...>`
   with a tag per kind (`t` type, `r` record, `f`/`d` a record's fields and defaults, `at`,
   `af`, `ad` an op's args, `op`, `invoke`, `s` a long string, `e` a declared error kind, `rk`
-  the kinds an op raises). No IDL name starts with `_`, so
+  the kinds an op raises, `idl` the IDL files' text). No IDL name starts with `_`, so
   none of them can meet a public name; the tags keep them apart from each other.
 - members: record fields and op arguments (bare in C: struct members, designated
   initializers), `on_N` in `S_handlers`, and the fixed members of generated structs.
@@ -244,6 +244,7 @@ class CNames:
                             ("server", "a name kept for the generated code")):
             self.add((fixed, ""), f"{svc}_{fixed}", glob, role, None)
         self.add(("ops", ""), f"{svc}__ops", glob, "the op table", svc_origin)
+        self.add(("idl_files", ""), f"{svc}__idl_files", glob, "the IDL files' table", svc_origin)
 
         for r in records:
             o = Origin("record", r.name, r.loc)
@@ -317,6 +318,12 @@ class CNames:
         self.add(None, "ctx", "member", "the context member", None, owner=f"{svc}_handlers")
         for t in USED_TYPES:
             self.add(None, t, "type", "a C type the generated structs use", None)
+
+    def register_idl_files(self, count: int) -> None:
+        """The text of each IDL file read, embedded for the built-in op _describe."""
+        for i in range(count):
+            self.add(("idl", str(i)), f"{self.svc}__idl_{i}", "global", "an IDL file's text",
+                     None)
 
     def _register_errors(self, errors: Sequence[m.ErrorKind], ops: Sequence[m.Op]) -> None:
         """Declared error kinds: the enum of their constants, a descriptor for each, and per op

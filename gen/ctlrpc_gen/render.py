@@ -22,6 +22,7 @@ change, so a build that regenerates without a change does not recompile.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from typing import Iterable, List, Optional
@@ -199,6 +200,22 @@ class Renderer:
 
     # -- output ---------------------------------------------------------------------------
 
+    def idl_sources(self):
+        """Every IDL file read (main first), as the .c embeds it for _describe: display path,
+        bytes in chunks, size; and their hash. The bytes are read again here: the same files,
+        in the same run, that the parser just read."""
+        files, texts = [], []
+        for path in self.model.files:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise FatalError(f"cannot read {path}: {e.strerror}") from None
+            texts.append(data)
+            files.append({"path": self.display(path), "chunks": idl_chunks(data),
+                          "len": len(data)})
+        return files, idl_hash(texts)
+
     def render(self, out_dir: str, stem: str) -> List[str]:
         """Render the header and the source into `out_dir`; returns the paths written or
         already up to date."""
@@ -218,11 +235,49 @@ class Renderer:
                          if not isinstance(t, m.RecordRef) and t in self.reachable],
             described_records=[r for r in model.records if m.RecordRef(r.name) in self.reachable],
         )
+        ctx["idl_files"], ctx["idl_sha256"] = self.idl_sources()
+        self.names.register_idl_files(len(ctx["idl_files"]))
         paths = []
         for template, name in (("header.h.j2", f"{stem}.ctl.h"), ("source.c.j2", f"{stem}.ctl.c")):
             text = self.env.get_template(template).render(**ctx)
             paths.append(write_if_changed(os.path.join(out_dir, name), text))
         return paths
+
+
+# The longest piece of an IDL file in one C string literal: C11 guarantees 4095 characters
+# per literal (-pedantic warns beyond).
+IDL_CHUNK_BYTES = 4000
+
+
+def idl_hash(texts: Iterable[bytes]) -> str:
+    """The `idl_sha256` a unit reports (docs/PROTOCOL.md, "Built-in ops"): SHA-256 of the files'
+    bytes in order, each written as a netstring (`<size>:<bytes>,`), paths left out."""
+    return hashlib.sha256(b"".join(b"%d:%s," % (len(t), t) for t in texts)).hexdigest()
+
+
+def idl_chunks(data: bytes) -> List[dict]:
+    """`data` cut into pieces of at most IDL_CHUNK_BYTES, at line ends where it can be; each
+    piece as its lines (for one C literal per line) and its size."""
+    lines = data.splitlines(keepends=True)
+    chunks: List[dict] = []
+    cur: List[bytes] = []
+    size = 0
+    for line in lines:
+        while len(line) > IDL_CHUNK_BYTES:
+            if cur:
+                chunks.append({"lines": cur, "len": size})
+                cur, size = [], 0
+            chunks.append({"lines": [line[:IDL_CHUNK_BYTES]], "len": IDL_CHUNK_BYTES})
+            line = line[IDL_CHUNK_BYTES:]
+        if size + len(line) > IDL_CHUNK_BYTES:
+            chunks.append({"lines": cur, "len": size})
+            cur, size = [], 0
+        if line:
+            cur.append(line)
+            size += len(line)
+    if cur or not chunks:
+        chunks.append({"lines": cur or [b""], "len": size})
+    return chunks
 
 
 def has_views(t: Optional[m.Type]) -> bool:

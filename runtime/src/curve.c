@@ -16,8 +16,11 @@
 
 #include <zmq.h>
 
+#include "ctlrpc/log.h"
 #include "curve_int.h"
+#include "log_int.h"
 #include "transport_int.h"
+#include "util_int.h"
 
 bool ctl_curve_available(void)
 {
@@ -246,7 +249,37 @@ struct ctl_zap {
     uint8_t (*keys)[32]; /* allowed client keys, binary */
     size_t count;
     _Atomic uint64_t *denied;
+    const char *endpoint; /* for log lines */
+    ctl_log_limit limit;
 };
+
+void ctl_zap_set_endpoint(ctl_zap *zap, const char *endpoint)
+{
+    zap->endpoint = endpoint;
+}
+
+/* Log a refused client: its address (frame 3) and its key, when it sent
+ * one (CURVE, frame 6). */
+static void log_denied(ctl_zap *z, zmq_msg_t *f, int kept, bool curve)
+{
+    uint64_t skipped = 0;
+    char addr[CTL_SHOW_BUF] = "an unknown address", key[CTL_CURVE_KEY_BUF] = "";
+    if (!ctl_log_enabled(CTL_LOG_WARN) || !ctl_log_limit_pass(&z->limit, ctl_now_ms(), &skipped))
+        return;
+    if (kept >= 4)
+        ctl_show(addr, sizeof addr,
+                 (ctl_str){zmq_msg_data(&f[3]), zmq_msg_size(&f[3])});
+    if (curve)
+        zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+    char more[64] = "";
+    if (skipped)
+        snprintf(more, sizeof more, " (and %llu more in the last second)",
+                 (unsigned long long)skipped);
+    ctl_log(CTL_LOG_WARN, "server", "%s: refused a CURVE handshake from %s: %s%s%s%s",
+            z->endpoint ? z->endpoint : "unit", addr,
+            curve ? "client key " : "not a CURVE client", key,
+            curve ? " is not on the allowlist" : "", more);
+}
 
 void ctl_zap_destroy(ctl_zap **zap)
 {
@@ -316,13 +349,14 @@ static int serve_zap_one(ctl_zap *z)
     int kept = n < MAX_FRAMES ? n : MAX_FRAMES;
     /* [version, request id, domain, address, identity, mechanism, key] */
     int allowed = 0;
-    if (kept >= 7 && zmq_msg_size(&f[5]) == 5 &&
-        memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32) {
-        for (size_t i = 0; i < z->count && !allowed; i++)
-            allowed = memcmp(z->keys[i], zmq_msg_data(&f[6]), 32) == 0;
-    }
-    if (!allowed)
+    bool curve = kept >= 7 && zmq_msg_size(&f[5]) == 5 &&
+                 memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 && zmq_msg_size(&f[6]) == 32;
+    for (size_t i = 0; curve && i < z->count && !allowed; i++)
+        allowed = memcmp(z->keys[i], zmq_msg_data(&f[6]), 32) == 0;
+    if (!allowed) {
         atomic_fetch_add_explicit(z->denied, 1, memory_order_relaxed);
+        log_denied(z, f, kept, curve);
+    }
     /* A REP socket must answer what it read; a request too short to carry
      * an id gets an answer with an empty one. */
     const char *code = allowed ? "200" : "400";

@@ -22,12 +22,17 @@ typedef struct ctl_zap ctl_zap;
 
 /* Bind a ZAP handler in `ctx` allowing the `count` Z85 client keys (copied;
  * each must be valid). Each client refused adds one to *denied (borrowed;
- * read it from any thread). `who` names the unit in messages. Returns 0,
+ * read it from any thread) and is logged (warn, at most a line a second).
+ * `who` names the unit in messages. Returns 0,
  * or CTL_INVALID (a bad key, the endpoint taken) / CTL_TRANSFER (no
  * memory). */
 int ctl_zap_new(void *ctx, const char *const *keys, size_t count,
                 _Atomic uint64_t *denied, const char *who, ctl_zap **out,
                 ctl_error *err);
+
+/* Name the unit in the log lines of refused clients: `endpoint` (borrowed,
+ * NUL-terminated; it must outlive the handler). */
+void ctl_zap_set_endpoint(ctl_zap *zap, const char *endpoint);
 
 /* The socket to poll for ZAP requests. */
 void *ctl_zap_socket(ctl_zap *zap);

@@ -7,15 +7,25 @@
  * dropped and counted), the envelope (no usable op and id: dropped and
  * counted; usable id: answered), the op (unknown: a Protocol error naming
  * it), the args (bad: a Protocol error, unless the op is a notify, which is
- * never answered), the handler under the lock, and the reply.
+ * never answered), the handler under the lock, and the reply. The
+ * built-in ops (_describe, _health, _stats: builtin.c) are answered here
+ * too, without the lock and even while draining.
+ *
+ * Metrics: each message is timed with two reads of the monotonic clock,
+ * one when it arrives and one in ctl_dispatch_done, after its reply has
+ * been handed to the transport; its op's counters (ctl_op_counters) have
+ * one writer, this thread, so they are bumped with relaxed loads and
+ * stores, no read-modify-write.
  */
 #include "dispatch_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctlrpc/gen.h"
+#include "ctlrpc/log.h"
 #include "envelope_int.h"
 #include "util_int.h"
 
@@ -63,12 +73,179 @@ static int check_service(const ctl_service *svc, ctl_error *err)
         if (!svc->ops[i].name || !*svc->ops[i].name)
             return ctl_error_set(err, CTL_INVALID,
                                  "service %s: op #%zu has no name", name, i);
+        if (svc->ops[i].name[0] == '_')
+            return ctl_error_set(err, CTL_INVALID,
+                                 "service %s: op '%s': names starting with '_' are "
+                                 "reserved for the built-in ops", name,
+                                 svc->ops[i].name);
         if (!svc->ops[i].handler)
             return ctl_error_set(err, CTL_INVALID,
                                  "service %s: op '%s' has no handler", name,
                                  svc->ops[i].name);
     }
     return 0;
+}
+
+/* ---- metrics -------------------------------------------------------- */
+
+static const char *const builtin_names[CTL_BUILTIN_COUNT] = {"_describe", "_health",
+                                                            "_stats"};
+static const char *const error_names[CTL_ERR_DECLARED] = {"UnitFull", "Busy", "Missing",
+                                                          "Protocol", "_other"};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Add to a counter this thread alone writes. */
+static inline void bump(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+static size_t declared_count(const ctl_op *op)
+{
+    return op->desc ? op->desc->declared_count : 0;
+}
+
+/* One block of error counters for every op, sized now: the metrics never
+ * allocate while serving. */
+static int init_op_counters(ctl_dispatch *d, const ctl_service *svc)
+{
+    size_t n = svc->op_count + CTL_BUILTIN_COUNT, slots = 0;
+    for (size_t i = 0; i < svc->op_count; i++)
+        slots += CTL_ERR_DECLARED + declared_count(&svc->ops[i]);
+    slots += CTL_BUILTIN_COUNT * CTL_ERR_DECLARED;
+    d->ops = calloc(n, sizeof *d->ops);
+    d->error_block = calloc(slots, sizeof *d->error_block);
+    if (!d->ops || !d->error_block) {
+        free(d->ops);
+        free(d->error_block);
+        d->ops = NULL;
+        d->error_block = NULL;
+        return -1;
+    }
+    _Atomic uint64_t *next = d->error_block;
+    for (size_t i = 0; i < n; i++) {
+        ctl_op_counters *c = &d->ops[i];
+        if (i < svc->op_count) {
+            c->name = svc->ops[i].name;
+            c->desc = svc->ops[i].desc;
+            c->error_slots = CTL_ERR_DECLARED + declared_count(&svc->ops[i]);
+        } else {
+            c->name = builtin_names[i - svc->op_count];
+            c->error_slots = CTL_ERR_DECLARED;
+        }
+        c->errors = next;
+        next += c->error_slots;
+    }
+    return 0;
+}
+
+size_t ctl_lat_bucket(uint64_t us)
+{
+    if (us < 4)
+        return (size_t)us;
+    unsigned e = 63u - (unsigned)__builtin_clzll(us);
+    size_t i = 4 + (size_t)(e - 2) * 4 + (size_t)((us >> (e - 2)) & 3);
+    return i < CTL_LAT_BUCKETS ? i : CTL_LAT_BUCKETS - 1;
+}
+
+uint64_t ctl_lat_upper(size_t i)
+{
+    if (i < 4)
+        return (uint64_t)i + 1;
+    size_t e = (i - 4) / 4 + 2, sub = (i - 4) % 4;
+    return (uint64_t)(5 + sub) << (e - 2);
+}
+
+/* Count an error reply (or a notify's failure) of the op being served. */
+static void count_error(ctl_dispatch *d, const ctl_error *err)
+{
+    ctl_op_counters *c = d->cur;
+    if (!c)
+        return;
+    size_t slot;
+    switch (ctl_env_wire_kind(err->kind)) {
+    case CTL_UNIT_FULL: slot = CTL_ERR_UNIT_FULL; break;
+    case CTL_BUSY: slot = CTL_ERR_BUSY; break;
+    case CTL_MISSING: slot = CTL_ERR_MISSING; break;
+    case CTL_DECLARED:
+        slot = CTL_ERR_OTHER;
+        for (size_t i = 0; c->desc && err->remote_kind && i < c->desc->declared_count; i++)
+            if (strcmp(c->desc->declared[i]->name, err->remote_kind) == 0)
+                slot = CTL_ERR_DECLARED + i;
+        break;
+    default: slot = CTL_ERR_PROTOCOL; break;
+    }
+    bump(&c->errors[slot], 1);
+}
+
+const char *ctl_op_error_name(const ctl_op_counters *c, size_t slot)
+{
+    return slot < CTL_ERR_DECLARED ? error_names[slot]
+                                   : c->desc->declared[slot - CTL_ERR_DECLARED]->name;
+}
+
+size_t ctl_dispatch_op_count(const ctl_dispatch *d)
+{
+    return d->service->op_count + CTL_BUILTIN_COUNT;
+}
+
+static uint64_t load(const _Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+void ctl_dispatch_op_stats(const ctl_dispatch *d, size_t index, ctl_op_stats *out)
+{
+    const ctl_op_counters *c = &d->ops[index];
+    uint64_t hist[CTL_LAT_BUCKETS], total = 0;
+    memset(out, 0, sizeof *out);
+    out->name = c->name;
+    out->calls = load(&c->calls);
+    out->dropped = load(&c->dropped);
+    out->bytes_in = load(&c->bytes_in);
+    out->bytes_out = load(&c->bytes_out);
+    out->max_us = load(&c->max_us);
+    for (size_t i = 0; i < c->error_slots; i++)
+        out->errors += load(&c->errors[i]);
+    for (size_t i = 0; i < CTL_LAT_BUCKETS; i++)
+        total += hist[i] = load(&c->latency[i]);
+    /* The p-th percentile is the smallest value with at least p% of the
+     * calls at or below it: report its bucket's upper edge (or the max,
+     * when smaller: it bounds every call too). */
+    uint64_t want50 = (total * 50 + 99) / 100, want99 = (total * 99 + 99) / 100, seen = 0;
+    for (size_t i = 0; total && i < CTL_LAT_BUCKETS; i++) {
+        seen += hist[i];
+        uint64_t edge = i == CTL_LAT_BUCKETS - 1 || ctl_lat_upper(i) > out->max_us
+                            ? out->max_us
+                            : ctl_lat_upper(i);
+        if (!out->p50_us && seen >= want50 && hist[i])
+            out->p50_us = edge;
+        if (!out->p99_us && seen >= want99 && hist[i]) {
+            out->p99_us = edge;
+            break;
+        }
+    }
+}
+
+uint64_t ctl_dispatch_op_errors(const ctl_dispatch *d, size_t index, const char *kind)
+{
+    const ctl_op_counters *c = &d->ops[index];
+    for (size_t i = 0; kind && i < c->error_slots; i++)
+        if (strcmp(ctl_op_error_name(c, i), kind) == 0)
+            return load(&c->errors[i]);
+    return 0;
+}
+
+double ctl_dispatch_uptime(const ctl_dispatch *d)
+{
+    return (double)(now_ns() - d->start_ns) / 1e9;
 }
 
 int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
@@ -102,6 +279,12 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
             return rc;
         }
     }
+    if (init_op_counters(d, service) != 0) {
+        msgpack_zone_destroy(&d->zone);
+        free(d->by_name);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server: out of memory");
+    }
+    d->start_ns = now_ns();
     msgpack_sbuffer_init(&d->out);
     if (lock) {
         d->lock = lock;
@@ -122,6 +305,8 @@ void ctl_dispatch_fini(ctl_dispatch *d)
     msgpack_zone_destroy(&d->zone);
     msgpack_sbuffer_destroy(&d->out);
     free(d->by_name);
+    free(d->ops);
+    free(d->error_block);
     d->service = NULL;
 }
 
@@ -165,8 +350,9 @@ static const char *undeclared_kind(const ctl_op *op, const ctl_error *err)
     }
 }
 
-static ctl_verdict verdict(const ctl_dispatch *d)
+static ctl_verdict verdict(ctl_dispatch *d)
 {
+    d->reply_len = d->out.size;
     return d->out.size ? CTL_DISPATCH_REPLY : CTL_DISPATCH_SILENT;
 }
 
@@ -188,10 +374,54 @@ static ctl_verdict refuse(ctl_dispatch *d, ctl_str id, const char *fmt, ...)
 
 /* ---- serving -------------------------------------------------------- */
 
-static ctl_verdict dropped(ctl_dispatch *d)
+static ctl_verdict dropped(ctl_dispatch *d, const char *why)
 {
     atomic_fetch_add_explicit(&d->counters.dropped, 1, memory_order_relaxed);
+    if (ctl_log_enabled(CTL_LOG_DEBUG))
+        ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a message: %s",
+                d->who ? d->who : "unit", why);
     return CTL_DISPATCH_DROPPED;
+}
+
+/* The built-in op named `name`, or CTL_BUILTIN_COUNT. */
+static size_t find_builtin(ctl_str name)
+{
+    for (size_t i = 0; name.len && name.ptr[0] == '_' && i < CTL_BUILTIN_COUNT; i++)
+        if (strlen(builtin_names[i]) == name.len &&
+            memcmp(builtin_names[i], name.ptr, name.len) == 0)
+            return i;
+    return CTL_BUILTIN_COUNT;
+}
+
+/* Answer a built-in op: no lock (it reads constants and counters), served
+ * while draining too. */
+static ctl_verdict serve_builtin(ctl_dispatch *d, size_t which, const ctl_env_request *rq,
+                                 ctl_decode dc, const char *why)
+{
+    const char *name = builtin_names[which];
+    ctl_verdict v;
+    if (dc == CTL_DECODE_BAD) {
+        v = refuse(d, rq->id, "op '%s': %s", name, why);
+    } else if (rq->args.via.map.size != 0) {
+        char shown[CTL_SHOW_BUF];
+        const msgpack_object *k = &rq->args.via.map.ptr[0].key;
+        v = refuse(d, rq->id, "op '%s' takes no arguments (got '%s')", name,
+                   k->type == MSGPACK_OBJECT_STR
+                       ? ctl_show(shown, sizeof shown,
+                                  (ctl_str){k->via.str.ptr, k->via.str.size})
+                       : "a key that is not a string");
+    } else if (which == CTL_BUILTIN_DESCRIBE && d->describe_off) {
+        v = refuse(d, rq->id, "describe is turned off on this unit");
+    } else {
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &d->out, msgpack_sbuffer_write);
+        if (ctl_env_pack_reply_head(&pk, rq->id, true) == 0 &&
+            ctl_builtin_pack(d, which, &pk) == 0)
+            return verdict(d);
+        v = refuse(d, rq->id, "op '%s': out of memory packing the reply", name);
+    }
+    bump(&d->cur->errors[CTL_ERR_PROTOCOL], 1);
+    return v;
 }
 
 ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
@@ -201,24 +431,47 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     char shown[CTL_SHOW_BUF];
     ctl_env_request rq;
 
+    d->cur_t0_ns = now_ns();
+    d->cur = NULL;
+    d->reply_len = 0;
+    atomic_store_explicit(&d->in_flight, 1, memory_order_relaxed);
+    bump(&d->counters.bytes_in, in->payload_len);
     msgpack_sbuffer_clear(&d->out);
     *delimited = in->frames == 3 && in->delimiter_len == 0;
-    if (in->frames < 2 || in->frames > 3 || (in->frames == 3 && !*delimited))
-        return dropped(d);
+    if (in->frames < 2 || in->frames > 3 || (in->frames == 3 && !*delimited)) {
+        snprintf(why, sizeof why, "%zu frames (%s)", in->frames,
+                 in->frames == 3 ? "the middle one is not empty"
+                                 : "expected [identity, payload]");
+        return dropped(d, why);
+    }
     ctl_decode dc = ctl_env_decode_request(in->payload, in->payload_len,
                                            &d->limits, &d->zone, &rq, why,
                                            sizeof why);
     if (dc == CTL_DECODE_DROP)
-        return dropped(d);
+        return dropped(d, why);
     atomic_fetch_add_explicit(&d->counters.requests, 1, memory_order_relaxed);
-    const ctl_op *op = find_op(d, rq.op);
+    size_t builtin = find_builtin(rq.op);
+    const ctl_op *op = builtin < CTL_BUILTIN_COUNT ? NULL : find_op(d, rq.op);
+    if (op || builtin < CTL_BUILTIN_COUNT) {
+        d->cur = &d->ops[op ? (size_t)(op - d->service->ops)
+                            : d->service->op_count + builtin];
+        bump(&d->cur->calls, 1);
+        bump(&d->cur->bytes_in, in->payload_len);
+    } else {
+        atomic_fetch_add_explicit(&d->counters.unknown_op, 1, memory_order_relaxed);
+    }
+    if (builtin < CTL_BUILTIN_COUNT)
+        return serve_builtin(d, builtin, &rq, dc, why);
     if (d->draining) {
         ctl_error err;
-        if (op && (op->flags & CTL_OP_NOREPLY))
+        if (op && (op->flags & CTL_OP_NOREPLY)) {
+            bump(&d->cur->dropped, 1);
             return CTL_DISPATCH_SILENT;
+        }
         ctl_error_init(&err);
         ctl_error_busy(&err, "draining", "unit is shutting down: retry at another unit "
                        "or later");
+        count_error(d, &err);
         pack_error(d, rq.id, &err);
         ctl_error_fini(&err);
         return verdict(d);
@@ -227,9 +480,17 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         return refuse(d, rq.id, "unknown op '%s' (service %s)",
                       ctl_show(shown, sizeof shown, rq.op), d->service->name);
     bool noreply = (op->flags & CTL_OP_NOREPLY) != 0;
-    if (dc == CTL_DECODE_BAD)
-        return noreply ? CTL_DISPATCH_SILENT
-                       : refuse(d, rq.id, "op '%s': %s", op->name, why);
+    if (dc == CTL_DECODE_BAD) {
+        if (noreply) {
+            bump(&d->cur->dropped, 1);
+            if (ctl_log_enabled(CTL_LOG_DEBUG))
+                ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a notify of '%s': %s",
+                        d->who ? d->who : "unit", op->name, why);
+            return CTL_DISPATCH_SILENT;
+        }
+        bump(&d->cur->errors[CTL_ERR_PROTOCOL], 1);
+        return refuse(d, rq.id, "op '%s': %s", op->name, why);
+    }
 
     ctl_req req = {.d = d, .in = in, .op = op, .op_name = rq.op, .id = rq.id};
     ctl_error_init(&req.err);
@@ -242,6 +503,11 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     pthread_mutex_unlock(d->lock);
 
     if (noreply) {
+        if (rc != 0) {
+            if (!req.failed)
+                ctl_error_set(&req.err, CTL_PROTOCOL, "op '%s' failed", op->name);
+            count_error(d, &req.err);
+        }
         ctl_error_fini(&req.err);
         msgpack_sbuffer_clear(&d->out);
         return CTL_DISPATCH_SILENT;
@@ -267,9 +533,11 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
                       "(a bug in the unit): %s",
                       op->name, undeclared, req.err.msg ? req.err.msg : "");
         atomic_fetch_add_explicit(&d->counters.undeclared, 1, memory_order_relaxed);
+        count_error(d, &named);
         pack_error(d, rq.id, &named);
         ctl_error_fini(&named);
     } else if (rc != 0) {
+        count_error(d, &req.err);
         pack_error(d, rq.id, &req.err);
     }
     ctl_error_fini(&req.err);
@@ -281,10 +549,25 @@ void ctl_dispatch_sent(ctl_dispatch *d, bool ok)
     atomic_fetch_add_explicit(ok ? &d->counters.replies
                                  : &d->counters.send_failures,
                               1, memory_order_relaxed);
+    if (ok) {
+        bump(&d->counters.bytes_out, d->reply_len);
+        if (d->cur)
+            bump(&d->cur->bytes_out, d->reply_len);
+    }
 }
 
 void ctl_dispatch_done(ctl_dispatch *d)
 {
+    ctl_op_counters *c = d->cur;
+    if (c) {
+        int64_t ns = now_ns() - d->cur_t0_ns;
+        uint64_t us = ns > 0 ? (uint64_t)ns / 1000 : 0;
+        bump(&c->latency[ctl_lat_bucket(us)], 1);
+        if (us > atomic_load_explicit(&c->max_us, memory_order_relaxed))
+            atomic_store_explicit(&c->max_us, us, memory_order_relaxed);
+        d->cur = NULL;
+    }
+    atomic_store_explicit(&d->in_flight, 0, memory_order_relaxed);
     msgpack_zone_clear(&d->zone);
 }
 

@@ -62,15 +62,59 @@ typedef enum ctl_verdict {
 } ctl_verdict;
 
 /* Counters of ctl_server_stats: the core counts requests and drops, the
- * transport the replies it sent and could not send. (Refused CURVE clients
- * are counted by the ZAP handler, in the server.) */
+ * transport the replies it sent and could not send, refused CURVE clients
+ * (the ZAP handler) and what the ROUTER's monitor sees. Each has one
+ * writer: the serving thread, or the monitor thread for the last four. */
 typedef struct ctl_dispatch_counters {
     _Atomic uint64_t requests;
     _Atomic uint64_t replies;
     _Atomic uint64_t dropped;
     _Atomic uint64_t send_failures;
     _Atomic uint64_t undeclared; /* handler errors outside the op's raises */
+    _Atomic uint64_t unknown_op;
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t auth_denied;
+    _Atomic uint64_t accept_failures;
+    _Atomic uint64_t handshake_failures;
+    _Atomic uint64_t accepted;
+    _Atomic uint64_t disconnects;
 } ctl_dispatch_counters;
+
+/* The built-in ops every unit answers (docs/PROTOCOL.md, "Built-in ops"):
+ * their per-op counters follow the service's ops. */
+enum { CTL_BUILTIN_DESCRIBE, CTL_BUILTIN_HEALTH, CTL_BUILTIN_STATS, CTL_BUILTIN_COUNT };
+
+/* Latency buckets, in microseconds: [0,1) [1,2) [2,3) [3,4), then each
+ * octave [2^e, 2^(e+1)) in four equal parts, up to 2^33 us; the last
+ * bucket also takes anything longer. */
+#define CTL_LAT_BUCKETS 128
+
+/* The error kinds an op's errors are counted by: the four kinds of the
+ * wire, a declared kind the op does not list (only a hand-written op can
+ * send one), then the op's declared kinds in `raises` order. */
+enum {
+    CTL_ERR_UNIT_FULL,
+    CTL_ERR_BUSY,
+    CTL_ERR_MISSING,
+    CTL_ERR_PROTOCOL,
+    CTL_ERR_OTHER,
+    CTL_ERR_DECLARED /* the first declared kind */
+};
+
+/* Per-op counters; written by the serving thread only. */
+typedef struct ctl_op_counters {
+    const char *name;
+    const struct ctl_op_desc *desc; /* NULL: hand-written or built-in */
+    _Atomic uint64_t calls;
+    _Atomic uint64_t dropped;
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t max_us;
+    _Atomic uint64_t *errors; /* CTL_ERR_DECLARED + the declared kinds */
+    size_t error_slots;
+    _Atomic uint64_t latency[CTL_LAT_BUCKETS];
+} ctl_op_counters;
 
 typedef struct ctl_dispatch {
     const ctl_service *service;
@@ -82,9 +126,23 @@ typedef struct ctl_dispatch {
     msgpack_zone zone;
     msgpack_sbuffer out; /* the reply payload after CTL_DISPATCH_REPLY */
     ctl_dispatch_counters counters;
-    /* Shutting down: every request is answered Busy "draining" (notifies
-     * are dropped) instead of being served. Set by the serving thread. */
+    /* The service's ops in table order, then the built-ins (op_count +
+     * CTL_BUILTIN_COUNT entries, made at init: no growth). */
+    ctl_op_counters *ops;
+    _Atomic uint64_t *error_block; /* every op's `errors` */
+    /* Shutting down: every request but a built-in is answered Busy
+     * "draining" (notifies are dropped) instead of being served. Set by the
+     * serving thread. */
     bool draining;
+    bool describe_off;   /* _describe answers a Protocol error */
+    const char *who;     /* for log lines: the unit's endpoint */
+    int64_t start_ns;    /* monotonic, at init: uptime */
+    _Atomic uint64_t in_flight; /* a message is being served */
+    /* The message being served: its op's counters (NULL: none), when it
+     * arrived, and the size of its reply. */
+    ctl_op_counters *cur;
+    int64_t cur_t0_ns;
+    size_t reply_len;
 } ctl_dispatch;
 
 /* The context of one request while its handler runs. */
@@ -124,5 +182,25 @@ void ctl_dispatch_done(ctl_dispatch *d);
 
 /* The op table entry of the request being served. */
 const ctl_op *ctl_req_entry(const ctl_req *req);
+
+/* Entries of the per-op counters: the service's ops, then the built-ins. */
+size_t ctl_dispatch_op_count(const ctl_dispatch *d);
+/* Read entry `index` (< ctl_dispatch_op_count), from any thread. */
+void ctl_dispatch_op_stats(const ctl_dispatch *d, size_t index, ctl_op_stats *out);
+uint64_t ctl_dispatch_op_errors(const ctl_dispatch *d, size_t index, const char *kind);
+
+/* Latency buckets: the bucket of `us`, and the upper edge of bucket `i`. */
+size_t ctl_lat_bucket(uint64_t us);
+uint64_t ctl_lat_upper(size_t i);
+
+/* The wire name of error slot `slot` of `c` (CTL_ERR_*). */
+const char *ctl_op_error_name(const ctl_op_counters *c, size_t slot);
+
+/* Pack the result of built-in op `which` (CTL_BUILTIN_*), builtin.c.
+ * Returns 0, or -1 when out of memory. */
+int ctl_builtin_pack(ctl_dispatch *d, size_t which, msgpack_packer *pk);
+
+/* Seconds since ctl_dispatch_init. */
+double ctl_dispatch_uptime(const ctl_dispatch *d);
 
 #endif /* CTLRPC_DISPATCH_INT_H */

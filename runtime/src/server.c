@@ -10,6 +10,10 @@
  * the core packed, if any; large replies go to ZeroMQ without a copy
  * (zmq_msg_init_data).
  *
+ * A second thread reads the ROUTER's socket monitor: connections accepted
+ * and lost, accepts that failed (out of file descriptors) and handshakes
+ * refused, which it counts and logs (ctlrpc/log.h).
+ *
  * Waking up for close: a server that owns its context and has no ZAP
  * handler blocks in the ROUTER's receive and is woken by shutting the
  * context down; otherwise the thread sleeps in zmq_poll on the ROUTER, the
@@ -30,9 +34,11 @@
 #include <zmq.h>
 
 #include "ctlrpc/curve.h"
+#include "ctlrpc/log.h"
 #include "ctlrpc/net.h"
 #include "curve_int.h"
 #include "dispatch_int.h"
+#include "log_int.h"
 #include "transport_int.h"
 #include "util_int.h"
 
@@ -65,8 +71,17 @@ struct ctl_server {
     atomic_int draining; /* set by drain before it wakes the thread */
     _Atomic int64_t drain_deadline_ms;
     char endpoint[CTL_ENDPOINT_MAX];
-    _Atomic uint64_t auth_denied; /* counted by the ZAP handler */
+    void *monitor;       /* PAIR on the ROUTER's monitor; the monitor thread's */
+    pthread_t monitor_thread;
+    int monitor_started;
+    ctl_log_limit send_limit; /* send failures (serving thread) */
 };
+
+/* The monitor events the server counts and logs. */
+#define MONITOR_EVENTS                                                          \
+    (ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED | ZMQ_EVENT_DISCONNECTED |    \
+     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+     ZMQ_EVENT_MONITOR_STOPPED)
 
 void ctl_server_options_init(ctl_server_options *opts)
 {
@@ -125,6 +140,15 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
         }
     }
     ctl_dispatch_sent(&s->core, ok);
+    uint64_t skipped = 0;
+    if (!ok && ctl_log_enabled(CTL_LOG_INFO) &&
+        ctl_log_limit_pass(&s->send_limit, ctl_now_ms(), &skipped)) {
+        int e = zmq_errno();
+        ctl_log(CTL_LOG_INFO, "server", "%s: cannot send a reply of %zu bytes: %s%s "
+                "(%llu more since the last line)", s->endpoint, s->core.reply_len,
+                zmq_strerror(e), e == EHOSTUNREACH ? " (the client is gone)" : "",
+                (unsigned long long)skipped);
+    }
 }
 
 /* Read one whole message and serve it; the first frame is awaited with
@@ -250,6 +274,151 @@ static void drain(ctl_server *s)
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
 }
 
+/* ---- the socket monitor -------------------------------------------- */
+
+static void bump(_Atomic uint64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+static const char *handshake_why(uint32_t code)
+{
+    switch (code) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "the client's security mechanism is not the unit's (CURVE on one "
+               "side only?)";
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "CURVE authentication failed (the client does not hold this "
+               "unit's public key?)";
+    default:
+        return "a ZeroMQ protocol error";
+    }
+}
+
+/* Count and log one event; returns 1 once the monitor has stopped. */
+static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
+                         ctl_log_limit *accept_limit, ctl_log_limit *handshake_limit)
+{
+    ctl_dispatch_counters *c = &s->core.counters;
+    uint64_t skipped = 0;
+    char more[80] = "";
+    switch (event) {
+    case ZMQ_EVENT_ACCEPTED:
+        bump(&c->accepted);
+        return 0;
+    case ZMQ_EVENT_DISCONNECTED:
+        bump(&c->disconnects);
+        if (ctl_log_enabled(CTL_LOG_DEBUG))
+            ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection closed (by the client, "
+                    "or by ZeroMQ for a message over max_msg_bytes)", s->endpoint);
+        return 0;
+    case ZMQ_EVENT_ACCEPT_FAILED:
+        bump(&c->accept_failures);
+        if (!ctl_log_enabled(CTL_LOG_WARN) ||
+            !ctl_log_limit_pass(accept_limit, ctl_now_ms(), &skipped))
+            return 0;
+        if (skipped)
+            snprintf(more, sizeof more, " (%llu more since the last line)",
+                     (unsigned long long)skipped);
+        ctl_log(CTL_LOG_WARN, "server", "%s: cannot accept a connection: %s (errno %u)%s%s",
+                s->endpoint, strerror((int)value), (unsigned)value,
+                value == EMFILE || value == ENFILE
+                    ? "; out of file descriptors: raise the open-file limit (ulimit -n)"
+                    : "",
+                more);
+        return 0;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        /* The connection broke during the handshake (the client went away:
+         * value is an errno); a disconnect follows, and is counted. */
+        if (ctl_log_enabled(CTL_LOG_DEBUG))
+            ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection broke during its "
+                    "handshake: %s", s->endpoint, strerror((int)value));
+        return 0;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        bump(&c->handshake_failures);
+        if (!ctl_log_enabled(CTL_LOG_WARN) ||
+            !ctl_log_limit_pass(handshake_limit, ctl_now_ms(), &skipped))
+            return 0;
+        if (skipped)
+            snprintf(more, sizeof more, " (%llu more since the last line)",
+                     (unsigned long long)skipped);
+        ctl_log(CTL_LOG_WARN, "server", "%s: refused a connection's handshake: %s "
+                "(ZeroMQ protocol error 0x%08x)%s", s->endpoint, handshake_why(value),
+                (unsigned)value, more);
+        return 0;
+    case ZMQ_EVENT_MONITOR_STOPPED:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The monitor thread: until the monitor stops (close) or the context is
+ * shut down. */
+static void *monitor_main(void *arg)
+{
+    ctl_server *s = arg;
+    ctl_log_limit accept_limit = {0}, handshake_limit = {0};
+    for (;;) {
+        zmq_msg_t f[2];
+        int n = ctl_recv_message(s->monitor, f, 2, 0);
+        if (n < 0) {
+            if (zmq_errno() == EINTR || zmq_errno() == EAGAIN)
+                continue;
+            break;
+        }
+        int stop = 0;
+        if (zmq_msg_size(&f[0]) >= 6) {
+            const unsigned char *b = zmq_msg_data(&f[0]);
+            uint16_t event;
+            uint32_t value;
+            memcpy(&event, b, sizeof event);
+            memcpy(&value, b + 2, sizeof value);
+            stop = monitor_event(s, event, value, &accept_limit, &handshake_limit);
+        }
+        ctl_frames_close(f, n < 2 ? n : 2);
+        if (stop)
+            break;
+    }
+    zmq_close(s->monitor);
+    return NULL;
+}
+
+/* Start monitoring the ROUTER (before it binds, so no event is missed). */
+static int start_monitor(ctl_server *s, const char *addr, ctl_error *err)
+{
+    char name[64];
+    int zero = 0;
+    snprintf(name, sizeof name, "inproc://ctlrpc-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->router, name, MONITOR_EVENTS) != 0 ||
+        !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(s->monitor, name) != 0) {
+        int rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                                    "server %s: cannot monitor its socket: %s", addr,
+                                    zmq_strerror(zmq_errno()));
+        if (s->monitor)
+            zmq_close(s->monitor);
+        s->monitor = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+/* Stop the monitor (the ROUTER's owner calls this, after the serving thread
+ * has ended) and wait for its thread. */
+static void stop_monitor(ctl_server *s)
+{
+    if (!s->monitor_started)
+        return;
+    if (s->router)
+        zmq_socket_monitor(s->router, NULL, 0); /* sends MONITOR_STOPPED */
+    pthread_join(s->monitor_thread, NULL);
+    s->monitor_started = 0;
+    s->monitor = NULL;
+}
+
 /* ---- lifecycle ------------------------------------------------------ */
 
 /* CURVE server mode, and the ZAP handler when there is an allowlist. */
@@ -272,9 +441,10 @@ static int setup_curve(ctl_server *s, const ctl_server_options *opts,
                              opts->curve_allow_count);
     if (opts->curve_allow_count) {
         int rc = ctl_zap_new(s->ctx, opts->curve_allow, opts->curve_allow_count,
-                             &s->auth_denied, addr, &s->zap, err);
+                             &s->core.counters.auth_denied, addr, &s->zap, err);
         if (rc)
             return rc;
+        ctl_zap_set_endpoint(s->zap, s->endpoint);
         zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "ctlrpc", 6);
     }
     if (zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
@@ -308,6 +478,8 @@ static int bind_address(const ctl_server_options *opts, char *buf, size_t len,
 
 static void free_server(ctl_server *s)
 {
+    if (!s->monitor_started && s->monitor)
+        zmq_close(s->monitor);
     if (s->router)
         zmq_close(s->router);
     ctl_zap_destroy(&s->zap);
@@ -375,6 +547,10 @@ int ctl_server_new(const ctl_service *service, void *user,
         free_server(s);
         return rc;
     }
+    if ((rc = start_monitor(s, addr, err)) != 0) {
+        free_server(s);
+        return rc;
+    }
     if (zmq_bind(s->router, addr) != 0) {
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                 "server: cannot bind %s: %s", addr,
@@ -385,6 +561,8 @@ int ctl_server_new(const ctl_service *service, void *user,
     size_t elen = sizeof s->endpoint;
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &elen) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", addr);
+    s->core.who = s->endpoint;
+    s->core.describe_off = opts && opts->describe_off;
 
     /* The server thread takes no signals: they belong to the program. */
     sigset_t all, old;
@@ -395,9 +573,13 @@ int ctl_server_new(const ctl_service *service, void *user,
         int check = DRAIN_CHECK_MS;
         zmq_setsockopt(s->router, ZMQ_RCVTIMEO, &check, sizeof check);
     }
-    rc = pthread_create(&s->thread, NULL, s->blocking ? serve_blocking : serve, s);
+    rc = pthread_create(&s->monitor_thread, NULL, monitor_main, s);
+    s->monitor_started = rc == 0;
+    if (rc == 0)
+        rc = pthread_create(&s->thread, NULL, s->blocking ? serve_blocking : serve, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
+        stop_monitor(s);
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                 "server %s: cannot start its thread: %s",
                                 s->endpoint, strerror(rc));
@@ -427,9 +609,45 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out)
     out->dropped = atomic_load_explicit(&c->dropped, memory_order_relaxed);
     out->send_failures =
         atomic_load_explicit(&c->send_failures, memory_order_relaxed);
-    out->auth_denied =
-        atomic_load_explicit(&server->auth_denied, memory_order_relaxed);
+    out->auth_denied = atomic_load_explicit(&c->auth_denied, memory_order_relaxed);
     out->undeclared = atomic_load_explicit(&c->undeclared, memory_order_relaxed);
+    out->unknown_op = atomic_load_explicit(&c->unknown_op, memory_order_relaxed);
+    out->bytes_in = atomic_load_explicit(&c->bytes_in, memory_order_relaxed);
+    out->bytes_out = atomic_load_explicit(&c->bytes_out, memory_order_relaxed);
+    out->accept_failures =
+        atomic_load_explicit(&c->accept_failures, memory_order_relaxed);
+    out->handshake_failures =
+        atomic_load_explicit(&c->handshake_failures, memory_order_relaxed);
+    uint64_t accepted = atomic_load_explicit(&c->accepted, memory_order_relaxed);
+    out->disconnects = atomic_load_explicit(&c->disconnects, memory_order_relaxed);
+    out->connections = accepted > out->disconnects ? accepted - out->disconnects : 0;
+}
+
+size_t ctl_server_op_count(const ctl_server *server)
+{
+    return ctl_dispatch_op_count(&server->core);
+}
+
+int ctl_server_op_stats(const ctl_server *server, size_t index, ctl_op_stats *out)
+{
+    if (!server || !out || index >= ctl_dispatch_op_count(&server->core))
+        return CTL_INVALID;
+    ctl_dispatch_op_stats(&server->core, index, out);
+    return 0;
+}
+
+uint64_t ctl_server_op_errors(const ctl_server *server, size_t index, const char *kind)
+{
+    if (!server || index >= ctl_dispatch_op_count(&server->core))
+        return 0;
+    return ctl_dispatch_op_errors(&server->core, index, kind);
+}
+
+void ctl_server_health_get(const ctl_server *server, ctl_server_health *out)
+{
+    out->draining = atomic_load_explicit(&server->draining, memory_order_relaxed) != 0;
+    out->uptime_s = ctl_dispatch_uptime(&server->core);
+    out->in_flight = atomic_load_explicit(&server->core.in_flight, memory_order_relaxed);
 }
 
 /* Wake the serving thread through the close pipe (a blocked receive sees
@@ -455,6 +673,7 @@ void ctl_server_close(ctl_server *server)
             zmq_ctx_shutdown(server->ctx); /* ends its receive at once */
         join_thread(server);
     }
+    stop_monitor(server);
     if (server->router) {
         zmq_close(server->router);
         server->router = NULL;

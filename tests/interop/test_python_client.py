@@ -16,6 +16,7 @@ counted.
 """
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
@@ -27,6 +28,7 @@ import zmq
 import peer
 
 UNIT = None
+PYTHON_UNIT = False
 
 
 class UnitCase(unittest.TestCase):
@@ -262,14 +264,76 @@ class TestErrors(UnitCase):
         self.assertEqual(peer.unpack(frames[1]), ["delimited", True, []])
 
 
+class TestBuiltins(UnitCase):
+    """The built-in ops (docs/PROTOCOL.md, "Built-in ops"), read from the page: their exact
+    maps on our unit, and a plain Protocol error from a peer that does not know them."""
+
+    IDL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "idl",
+                       "storage.idl")
+
+    def test_unknown_to_older_peers(self):
+        if not PYTHON_UNIT:
+            self.skipTest("our unit knows them")
+        for op in ("_describe", "_health", "_stats"):
+            body = self.error(op, {}, "Protocol")
+            self.assertIn(op, body["msg"])
+
+    def test_describe(self):
+        if PYTHON_UNIT:
+            self.skipTest("pyunit.py predates the built-ins")
+        d = self.ok("_describe", {})
+        self.assertEqual(set(d), {"service", "version", "ops", "idl", "idl_sha256"})
+        self.assertEqual(d["service"], "storage")
+        self.assertIn("put", d["ops"])
+        self.assertEqual(len(d["idl"]), 1)
+        self.assertEqual(set(d["idl"][0]), {"path", "text"})
+        self.assertTrue(d["idl"][0]["path"].endswith("storage.idl"))
+        with open(self.IDL, "rb") as f:
+            text = f.read()
+        self.assertEqual(d["idl"][0]["text"].encode(), text)
+        texts = [f["text"].encode() for f in d["idl"]]
+        want = hashlib.sha256(b"".join(b"%d:%s," % (len(t), t) for t in texts)).hexdigest()
+        self.assertEqual(d["idl_sha256"], want)
+        self.error("_describe", {"x": 1}, "Protocol")
+
+    def test_health_and_stats(self):
+        if PYTHON_UNIT:
+            self.skipTest("pyunit.py predates the built-ins")
+        h = self.ok("_health", {})
+        self.assertEqual(set(h), {"status", "uptime_s", "in_flight", "service", "version"})
+        self.assertEqual(h["status"], "serving")
+        self.assertIsInstance(h["uptime_s"], float)
+        self.assertEqual(h["in_flight"], 0)
+        self.ok("put", {"key": "k", "data": b"v"})
+        self.error("get", {"keys": ["nope"]}, "Missing")
+        s = self.ok("_stats", {})
+        self.assertEqual(set(s), {"service", "uptime_s", "totals", "ops"})
+        self.assertEqual(set(s["totals"]), {
+            "requests", "replies", "dropped", "send_failures", "unknown_op", "undeclared",
+            "errors", "bytes_in", "bytes_out", "auth_denied", "handshake_failures",
+            "accept_failures", "connections", "disconnects"})
+        self.assertEqual(s["totals"]["errors"]["Missing"], 1)
+        for name in ("put", "get", "_describe", "_health", "_stats"):
+            op = s["ops"][name]
+            self.assertEqual(set(op), {"calls", "errors", "dropped", "p50_us", "p99_us",
+                                       "max_us", "bytes_in", "bytes_out"}, name)
+            self.assertLessEqual(op["p50_us"], op["p99_us"])
+            self.assertLessEqual(op["p99_us"], op["max_us"])
+        self.assertEqual(s["ops"]["put"]["calls"], 1)
+        self.assertEqual(s["ops"]["get"]["errors"],
+                         {"UnitFull": 0, "Busy": 0, "Missing": 1, "Protocol": 0})
+        self.assertEqual(s["ops"]["_health"]["calls"], 1)
+
+
 def main():
-    global UNIT
+    global UNIT, PYTHON_UNIT
     ap = argparse.ArgumentParser()
     ap.add_argument("--unit", required=True)
     ap.add_argument("--python-unit", action="store_true",
                     help="--unit is a Python script, run with this interpreter")
     args, rest = ap.parse_known_args()
     UNIT = [sys.executable, args.unit] if args.python_unit else [args.unit]
+    PYTHON_UNIT = args.python_unit
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

@@ -150,13 +150,13 @@ static void test_bad_keys_refused(void **state)
     ctl_server_options_init(&so);
     so.endpoint = "tcp://127.0.0.1:*";
     so.curve_secret_key = "short";
-    assert_int_equal(ctl_server_new(&(ctl_service){"x", NULL, 0}, NULL, &so, &s, &f->err),
+    assert_int_equal(ctl_server_new(&(ctl_service){.name = "x"}, NULL, &so, &s, &f->err),
                      CTL_INVALID);
     assert_non_null(strstr(f->err.msg, "CURVE secret key"));
     so.curve_secret_key = f->unit_sec;
     so.curve_allow = allow;
     so.curve_allow_count = 1;
-    assert_int_equal(ctl_server_new(&(ctl_service){"x", NULL, 0}, NULL, &so, &s, &f->err),
+    assert_int_equal(ctl_server_new(&(ctl_service){.name = "x"}, NULL, &so, &s, &f->err),
                      CTL_INVALID);
     assert_non_null(strstr(f->err.msg, "allowed client key #0"));
     assert_null(s);

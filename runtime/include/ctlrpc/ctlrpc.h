@@ -17,6 +17,7 @@
 #include "ctlrpc/error.h"
 #include "ctlrpc/net.h"
 #include "ctlrpc/curve.h"
+#include "ctlrpc/log.h"
 #include "ctlrpc/server.h"
 #include "ctlrpc/client.h"
 

@@ -22,6 +22,7 @@
 #define CTLRPC_SERVER_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,12 +75,28 @@ typedef struct ctl_op {
     const struct ctl_op_desc *desc;
 } ctl_op;
 
+/* One IDL file a generated service was made from, as the generator read
+ * it: its bytes in pieces (C string literals are bounded in length). */
+typedef struct ctl_idl_file {
+    const char *path;      /* as the generator showed it (never absolute) */
+    const ctl_str *chunks; /* the file's bytes, in order */
+    size_t chunk_count;
+    size_t len;            /* their total */
+} ctl_idl_file;
+
 /* A table of ops; the server keeps a pointer, so it must outlive the server
  * (generated tables are static const). */
 typedef struct ctl_service {
     const char *name; /* for messages, e.g. "storage" */
     const ctl_op *ops;
     size_t op_count;
+    /* Generated services: the IDL files they were generated from, the main
+     * one first, then its imports, and the SHA-256 of them (64 lowercase
+     * hex digits; docs/PROTOCOL.md, "Built-in ops"), which _describe
+     * reports. Hand-written tables leave them zero: no IDL. */
+    const ctl_idl_file *idl_files;
+    size_t idl_file_count;
+    const char *idl_sha256;
 } ctl_service;
 
 typedef struct ctl_server_options {
@@ -104,6 +121,9 @@ typedef struct ctl_server_options {
      * always free). */
     const char *const *curve_allow;
     size_t curve_allow_count;
+    /* Answer the built-in op _describe (which returns the service's IDL)
+     * with a Protocol error "describe is turned off on this unit". */
+    bool describe_off;
 } ctl_server_options;
 
 /* Set `opts` to the defaults (all zero/NULL). */
@@ -141,9 +161,60 @@ typedef struct ctl_server_stats {
     uint64_t auth_denied;   /* CURVE clients refused: not on the allowlist */
     uint64_t undeclared;    /* handler errors of a kind the op does not list in
                                `raises`, answered as Protocol errors */
+    uint64_t unknown_op;    /* requests for an op the unit does not serve */
+    uint64_t bytes_in;      /* payload bytes received (dropped ones included) */
+    uint64_t bytes_out;     /* payload bytes of the replies sent */
+    /* From the ROUTER's socket monitor: */
+    uint64_t accept_failures;    /* connections the unit could not accept
+                                    (out of file descriptors: EMFILE) */
+    uint64_t handshake_failures; /* connections refused during the ZeroMQ
+                                    handshake (CURVE without the unit's key,
+                                    a plaintext client, garbage) */
+    uint64_t connections;        /* open now */
+    uint64_t disconnects;        /* closed by the peer, or by libzmq (a
+                                    request over max_msg_bytes) */
 } ctl_server_stats;
 
 CTL_API void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
+
+/*
+ * Per-op figures (docs/OPERATIONS.md, "Per-op metrics"). Entries 0 to
+ * op_count - 1 are the service's ops in table order, then come the
+ * built-in ops _describe, _health and _stats. ctl_server_op_count() says
+ * how many there are.
+ */
+typedef struct ctl_op_stats {
+    const char *name;   /* the op's name (owned by the table or the runtime) */
+    uint64_t calls;     /* requests for the op, served or refused */
+    uint64_t errors;    /* error replies (for a notify op: failures) */
+    uint64_t dropped;   /* requests not answered: bad args of a notify op */
+    uint64_t bytes_in;  /* request payload bytes */
+    uint64_t bytes_out; /* reply payload bytes sent */
+    /* From the fixed log-scale buckets: the upper edge of the bucket that
+     * holds the 50th and the 99th percentile, and the largest seen, in
+     * microseconds; 0 before the first call. */
+    uint64_t p50_us;
+    uint64_t p99_us;
+    uint64_t max_us;
+} ctl_op_stats;
+
+CTL_API size_t ctl_server_op_count(const ctl_server *server);
+/* Fill `out` for entry `index`; returns 0, or CTL_INVALID for an index out
+ * of range. Relaxed atomic reads, as ctl_server_stats_get. */
+CTL_API int ctl_server_op_stats(const ctl_server *server, size_t index, ctl_op_stats *out);
+/* Errors of entry `index` of one kind, by its wire name ("Busy", "Protocol",
+ * a declared kind's name); 0 for a kind the op never answered with. */
+CTL_API uint64_t ctl_server_op_errors(const ctl_server *server, size_t index,
+                                      const char *kind);
+
+/* What _health reports. */
+typedef struct ctl_server_health {
+    bool draining;      /* ctl_server_drain has begun */
+    double uptime_s;    /* since ctl_server_new */
+    uint64_t in_flight; /* requests being served now (0 or 1: one thread) */
+} ctl_server_health;
+
+CTL_API void ctl_server_health_get(const ctl_server *server, ctl_server_health *out);
 
 /*
  * Stop serving: wake the server thread at once (it may be waiting on the
