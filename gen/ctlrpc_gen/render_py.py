@@ -32,7 +32,7 @@ import jinja2
 
 from . import model as m
 from .diag import FatalError
-from .render import TEMPLATES, write_depfile, write_if_changed
+from .render import TEMPLATES, idl_hash, write_depfile, write_if_changed
 
 # Python keywords (soft keywords such as `match` are valid names). A fixed list, so the output
 # does not depend on the Python that runs the generator.
@@ -242,12 +242,30 @@ class PyRenderer:
             return os.path.basename(path)
         return path.replace(os.sep, "/")
 
+    def idl_sources(self) -> tuple:
+        """Every IDL file read (main first) as the module embeds it for _describe: (display
+        path, its text as Python string literals, one per line), and the hash of their bytes
+        (render.py's rule, the C stubs' hash)."""
+        files, texts = [], []
+        for path in self.model.files:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise FatalError(f"cannot read {path}: {e.strerror}") from None
+            texts.append(data)
+            lines = data.decode("utf-8").splitlines(keepends=True) or [""]
+            files.append((self.display(path), [repr(line) for line in lines]))
+        return files, idl_hash(texts)
+
     def render(self, out_dir: str) -> List[str]:
         model = self.model
         descs = [t for t in model.types if not isinstance(t, (m.Scalar, m.RecordRef))]
+        idl_files, idl_sha256 = self.idl_sources()
         text = self.env.get_template("python.py.j2").render(
             model=model, svc=model.service.name, idl_path=self.display(model.path),
-            descs=descs, scalars=[m.Scalar(s) for s in m.SCALARS])
+            descs=descs, scalars=[m.Scalar(s) for s in m.SCALARS], idl_files=idl_files,
+            idl_sha256=idl_sha256)
         name = f"{model.service.name}_ctl.py"
         return [write_if_changed(os.path.join(out_dir, name), text)]
 
