@@ -252,7 +252,8 @@ class Generated(unittest.TestCase):
         self.assertEqual([o.ok for o in outs], [True, False, True])
         self.assertEqual([o.address for o in outs], [self.addr, NOWHERE, self.addr])
         self.assertEqual(outs[0].result.children[0].label, "kid")
-        self.assertIsInstance(outs[1].error, ctlrpc.Timeout)
+        self.assertIsInstance(outs[1].error, ctlrpc.Transfer)  # nothing listens: refused
+        self.assertEqual(outs[1].error.cause, "refused")
         self.assertEqual(self.client.grow_many([], depth=1), [])
 
     # -- replies --------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ The semantics are the C runtime's (runtime/src/client.c, pool.c, call.c; docs/AP
   afterwards. So a late reply can never reach a later call.
 - Nothing waits without a deadline. `call_many` sends every request before it reads any reply,
   then collects replies until the one deadline of the batch.
+- Failing fast: every pooled socket has a ZeroMQ socket monitor, read by a call that has waited
+  100 ms without its reply (and every 100 ms after). A connection refused or a host that does not
+  resolve on two attempts in a row, a CURVE handshake the unit did not accept, or a connection
+  this side dropped for a reply over `max_msg_bytes` ends the call with Transfer, cause
+  "refused", "unresolved", "auth" or "too-large", well before its deadline (the C client's rules,
+  docs/API.md "Failures that end a call early"). A request over `max_msg_bytes` is not sent.
 - Thread-safe: several threads may share one Client; the pool's lock is the only shared state,
   and a socket is used by one thread at a time. `close()` must not run while another thread is
   still calling.
@@ -22,7 +28,9 @@ The semantics are the C runtime's (runtime/src/client.c, pool.c, call.c; docs/AP
 from __future__ import annotations
 
 import errno
+import ipaddress
 import itertools
+import logging
 import math
 import secrets
 import threading
@@ -34,6 +42,7 @@ from typing import (Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, 
                     overload)
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from . import _wire, curve, errors, net
 
@@ -42,12 +51,114 @@ DEFAULT_LATE_GRACE = 1.0
 DEFAULT_MAX_IDLE_PER_ADDRESS = 16
 DEFAULT_MAX_RETIRED = 64
 IDLE_LINGER_MS = 100
+CHECK_S = 0.100  # a call reads its connection's monitor after this long without a reply
+FAILS_TO_END = 2  # failed connection attempts in a row that end a call
+DROP_SETTLE_S = 0.050  # a drop not followed by a reconnect within this is this side's own
+RECONNECT_IVL_MAX_MS = 1000
+IDLE_DRAIN_S = 1.0  # idle sockets' monitors are read at most this often
+_MONITOR_EVENTS = (zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CLOSED
+                   | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_MECHANISM_MISMATCH = 0x11000001  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+_CRYPTOGRAPHIC = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
+
+log = logging.getLogger("ctlrpc")
 
 _NO_KINDS: Mapping[str, Type[errors.DeclaredError]] = types.MappingProxyType({})
 
-# The counters kept per address (Client.stats); sockets_idle is computed.
+# The counters kept per address (Client.stats); sockets, retired, sockets_idle and errors (by
+# cause) are computed. calls, timeouts, late_replies, sockets, retired and errors.<cause> are the
+# C client's names (ctl_address_stats).
 COUNTERS = ("calls", "notifies", "timeouts", "late_replies", "sockets_opened",
             "sockets_retired", "sockets_closed")
+
+
+class _Watch:
+    """What the monitor of one socket has said so far (the C client's ctl_conn_state). ZeroMQ's
+    sequences (libzmq 4.3):
+      refused:     CONNECT_DELAYED, CLOSED, CONNECT_RETRIED (every ~100 ms)
+      unresolved:  CONNECT_RETRIED alone (no TCP socket was ever opened)
+      handshake broken off by the peer (CURVE, wrong server key):
+                   HANDSHAKE_FAILED_NO_DETAIL, DISCONNECTED, CONNECT_RETRIED
+      refused by ZAP / mechanism mismatch: HANDSHAKE_FAILED_AUTH (value: the ZAP status) or
+                   _PROTOCOL (value: the protocol error), DISCONNECTED, no reconnect
+      up:          HANDSHAKE_SUCCEEDED
+      closed by the peer: DISCONNECTED, CONNECT_RETRIED at once
+      closed by this side (a message over MAXMSGSIZE): DISCONNECTED, no reconnect"""
+
+    __slots__ = ("mon", "fails", "fail", "hs_no_detail", "closed", "up", "after_drop",
+                 "dropped_at", "verdict_event", "verdict_value")
+
+    def __init__(self, mon: zmq.Socket[Any]) -> None:
+        self.mon = mon
+        self.fails = 0
+        self.fail = ""
+        self.hs_no_detail = False
+        self.closed = False
+        self.up = False
+        self.after_drop = False
+        self.dropped_at = 0.0
+        self.verdict_event = 0
+        self.verdict_value = 0
+
+    def fold(self, ev: int, value: int) -> None:
+        if ev == zmq.EVENT_CONNECT_DELAYED:
+            self.closed = False
+        elif ev == zmq.EVENT_CLOSED:
+            self.closed = True
+        elif ev == zmq.EVENT_CONNECT_RETRIED:
+            if self.after_drop:  # the reconnect after a drop by the peer: not a failure
+                self.after_drop = False
+                self.dropped_at = 0.0
+            else:
+                self.fails += 1
+                self.fail = ("handshake" if self.hs_no_detail else
+                             "refused" if self.closed else "unresolved")
+            self.closed = self.hs_no_detail = False
+        elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.fails = 0
+            self.up = True
+            self.verdict_event = 0
+        elif ev == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self.hs_no_detail = True
+        elif ev in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+            self.verdict_event = ev
+            self.verdict_value = value
+        elif ev == zmq.EVENT_DISCONNECTED and self.up:
+            self.up = False
+            self.after_drop = True
+            self.dropped_at = 0.0
+
+    def drain(self) -> None:
+        while True:
+            try:
+                frames = self.mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+            try:
+                msg = parse_monitor_message(frames)
+            except Exception:
+                continue
+            self.fold(int(msg["event"]), int(msg["value"]))
+
+    def verdict(self, now: float) -> str:
+        """What ends a call: "" (nothing), "refused", "unresolved", "handshake", "denied",
+        "mechanism", "protocol" or "dropped"."""
+        self.drain()
+        if self.verdict_event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "denied"
+        if self.verdict_event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return ("mechanism" if self.verdict_value == _MECHANISM_MISMATCH else
+                    "handshake" if self.verdict_value == _CRYPTOGRAPHIC else "protocol")
+        if self.fails >= FAILS_TO_END:
+            return self.fail
+        if self.after_drop:
+            if not self.dropped_at:
+                self.dropped_at = now
+            elif now - self.dropped_at >= DROP_SETTLE_S:
+                return "dropped"
+        return ""
 
 
 @dataclass
@@ -66,6 +177,7 @@ class _Entry:
     def __init__(self) -> None:
         self.idle: List[zmq.Socket[Any]] = []
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.errors: Dict[str, int] = dict.fromkeys(errors.CAUSES, 0)
 
 
 class _Pool:
@@ -84,6 +196,9 @@ class _Pool:
         self.entries: Dict[str, _Entry] = {}
         self.retired: Deque[Tuple[zmq.Socket[Any], float, str]] = deque()
         self.closed = False
+        self.watches: Dict[zmq.Socket[Any], _Watch] = {}  # each socket's monitor
+        self.monitors = itertools.count()
+        self.idle_drained = time.monotonic()
 
     def _entry(self, address: str) -> _Entry:
         """Find or create an address's entry, validating the address on creation. Called with
@@ -98,7 +213,27 @@ class _Pool:
         with self.lock:
             self._entry(address).counters[counter] += n
 
+    def count_error(self, address: str, cause: str) -> None:
+        with self.lock:
+            e = self._entry(address)
+            e.errors[cause] = e.errors.get(cause, 0) + 1
+
+    def check(self, sock: zmq.Socket[Any]) -> Tuple[str, int]:
+        """What the monitor of a lent socket says (_Watch.verdict) and the value of the event
+        behind it. Called by the thread holding the socket."""
+        w = self.watches.get(sock)
+        if w is None:
+            return "", 0
+        return w.verdict(time.monotonic()), w.verdict_value
+
     def _close(self, address: str, sock: zmq.Socket[Any], linger_ms: int) -> None:
+        w = self.watches.pop(sock, None)
+        if w is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            w.mon.close(linger=0)
         sock.close(linger=linger_ms)
         e = self.entries.get(address)
         if e is not None:
@@ -108,6 +243,13 @@ class _Pool:
         """Drain every retired socket, counting late replies, and close those whose grace
         period is over (all of them with `everything`). Called with the lock held."""
         now = time.monotonic()
+        if now - self.idle_drained >= IDLE_DRAIN_S:  # keep idle monitors' queues short
+            self.idle_drained = now
+            for e in self.entries.values():
+                for sock in e.idle:
+                    w = self.watches.get(sock)
+                    if w is not None:
+                        w.drain()
         for _ in range(len(self.retired)):
             sock, close_at, address = self.retired.popleft()
             late = 0
@@ -130,15 +272,30 @@ class _Pool:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             if self.keys:
                 server, public, secret = self.keys
                 sock.setsockopt(zmq.CURVE_SERVERKEY, server.encode("ascii"))
                 sock.setsockopt(zmq.CURVE_PUBLICKEY, public.encode("ascii"))
                 sock.setsockopt(zmq.CURVE_SECRETKEY, secret.encode("ascii"))
+            # The monitor is set up before the connect, so no event is missed. Its reader has
+            # no high-water mark: ZeroMQ sends events blocking.
+            endpoint = f"inproc://ctlrpc-client-monitor-{id(self):x}-{next(self.monitors)}"
+            sock.monitor(endpoint, _MONITOR_EVENTS)
+            mon: zmq.Socket[Any] = self.ctx.socket(zmq.PAIR)
+            try:
+                mon.setsockopt(zmq.LINGER, 0)
+                mon.setsockopt(zmq.RCVHWM, 0)
+                mon.connect(endpoint)
+            except zmq.ZMQError:
+                mon.close(linger=0)
+                raise
             sock.connect(address)
         except zmq.ZMQError:
             sock.close(linger=0)
             raise
+        with self.lock:
+            self.watches[sock] = _Watch(mon)
         return sock
 
     def lend(self, address: str) -> zmq.Socket[Any]:
@@ -179,13 +336,13 @@ class _Pool:
                 self._close(old_address, old, 0)
             self.retired.append((sock, time.monotonic() + self.late_grace, address))
 
-    def stats(self, address: Optional[str]) -> Dict[str, Dict[str, int]]:
+    def stats(self, address: Optional[str]) -> Dict[str, Dict[str, Any]]:
         with self.lock:
             self.sweep()
             out = {}
             for a, e in self.entries.items():
                 if address is None or a == address:
-                    out[a] = dict(e.counters, sockets_idle=len(e.idle))
+                    out[a] = _address_stats(e.counters, e.errors, len(e.idle))
             return out
 
     def close(self) -> None:
@@ -197,6 +354,14 @@ class _Pool:
             for address, e in self.entries.items():
                 while e.idle:
                     self._close(address, e.idle.pop(), IDLE_LINGER_MS)
+
+
+def _address_stats(counters: Mapping[str, int], errs: Mapping[str, int],
+                   idle: int) -> Dict[str, Any]:
+    """An address's counters as Client.stats shows them."""
+    c = dict(counters)
+    return dict(c, sockets=c["sockets_opened"] - c["sockets_closed"],
+                retired=c["sockets_retired"], sockets_idle=idle, errors=dict(errs))
 
 
 class _Pending:
@@ -277,7 +442,7 @@ class Client:
         p = _Pending(net.dialable(address), _request(address, op, args))
         self._start(p, op, deadline)
         self._collect_one(p, op, deadline, _ms(tmo))
-        return _outcome(p, kinds, op)
+        return self._result(p, kinds, op)
 
     def call_many(self, op: str, targets: Sequence[Tuple[str, Optional[Mapping[str, Any]]]],
                   timeout: Optional[float] = None, *,
@@ -299,7 +464,7 @@ class Client:
         out = []
         for p in ps:
             try:
-                out.append(Outcome(p.address, True, _outcome(p, kinds, op), None))
+                out.append(Outcome(p.address, True, self._result(p, kinds, op), None))
             except errors.Error as e:
                 out.append(Outcome(p.address, False, None, e))
         return out
@@ -313,11 +478,16 @@ class Client:
         payload = head + _wire.pack("") + packed_args
         deadline = time.monotonic() + self.timeout
         self._check_open()
+        if len(payload) > self.limits.max_msg_bytes:
+            e = self._too_large(address, op, len(payload))
+            self._pool.count_error(address, e.cause)
+            raise e
         sock = self._lend(address, op)
         try:
             _send(sock, payload, deadline, address, op)
-        except errors.Error:
+        except errors.Transfer as e:
             self._pool.retire(address, sock)
+            self._pool.count_error(address, e.cause)
             raise
         self._pool.count(address, "notifies")
         self._pool.give_back(address, sock)
@@ -325,19 +495,24 @@ class Client:
     # ---- state ---------------------------------------------------------------------------
 
     @overload
-    def stats(self, address: str) -> Dict[str, int]: ...
+    def stats(self, address: str) -> Dict[str, Any]: ...
 
     @overload
-    def stats(self, address: None = None) -> Dict[str, Dict[str, int]]: ...
+    def stats(self, address: None = None) -> Dict[str, Dict[str, Any]]: ...
 
     def stats(self, address: Optional[str] = None) -> Any:
-        """Counters per address: calls, notifies, timeouts, late_replies, sockets_opened,
-        sockets_retired, sockets_closed, sockets_idle. For one address a dict (all zero for an
-        address never called); without one, a dict of those dicts by address."""
+        """Counters per address, named as the C client names them (ctl_address_stats): calls
+        (requests sent expecting a reply), timeouts, late_replies, sockets (open now), retired,
+        errors (a dict: calls and notifies that ended in Transfer, by cause: "refused",
+        "unresolved", "auth", "too-large", "timeout", "remote", ...); and notifies,
+        sockets_opened, sockets_retired (= retired), sockets_closed, sockets_idle. For one
+        address a dict (all zero for an address never called); without one, a dict of those
+        dicts by address."""
         got = self._pool.stats(address)
         if address is None:
             return got
-        return got.get(address, dict(dict.fromkeys(COUNTERS, 0), sockets_idle=0))
+        return got.get(address, _address_stats(dict.fromkeys(COUNTERS, 0),
+                                               dict.fromkeys(errors.CAUSES, 0), 0))
 
     def close(self) -> None:
         """Close every socket (idle ones linger up to 100 ms so queued notifies can leave) and
@@ -380,9 +555,35 @@ class Client:
             raise errors.Transfer(f"cannot make a socket: {e.strerror}", cause="transport",
                                   address=address, op=op) from None
 
+    def _result(self, p: _Pending, kinds: Mapping[str, Type[errors.DeclaredError]],
+                op: str) -> Any:
+        """The result of a finished request, or raise its error; a Transfer is counted in its
+        address's errors by cause."""
+        try:
+            return _outcome(p, kinds, op)
+        except errors.Transfer as e:
+            self._pool.count_error(p.address, e.cause)
+            raise
+
+    def _too_large(self, address: str, op: str, size: int) -> errors.Transfer:
+        e = errors.Transfer(f"the request is {size} bytes, larger than this client's limit of "
+                            f"{self.limits.max_msg_bytes} bytes (max_msg_bytes); not sent",
+                            cause="too-large", address=address, op=op)
+        log.warning("ctlrpc client: %s", e)
+        return e
+
     def _start(self, p: _Pending, op: str, deadline: float) -> None:
         """Lend a socket and send the request of `p`; on failure `p` is done with its error."""
         self._check_open()
+        if deadline <= time.monotonic():  # timeout 0: no time at all, nothing is sent
+            p.error = errors.Timeout("no time left (timeout 0): not sent", address=p.address,
+                                     op=op)
+            p.done = True
+            return
+        size = len(p.request[0]) + len(p.request[1]) + 13  # the id: 12 hex digits
+        if size > self.limits.max_msg_bytes:
+            p.error, p.done = self._too_large(p.address, op, size), True
+            return
         try:
             p.sock = self._lend(p.address, op)
         except errors.Error as e:
@@ -449,6 +650,49 @@ class Client:
         self._finish(p, True)  # its own reply, result or error: the socket is clean
         return True
 
+    def _check(self, p: _Pending, op: str) -> None:
+        """Read the monitor of p's socket; end `p` when what it says means no reply can come
+        (the C client's messages, docs/API.md "Failures that end a call early")."""
+        assert p.sock is not None
+        verdict, value = self._pool.check(p.sock)
+        if not verdict:
+            return
+        curve = self._pool.keys is not None
+        cause = "auth"
+        if verdict == "refused":
+            cause, msg = "refused", "connection refused (nothing listens there?)"
+        elif verdict == "unresolved":
+            host = net.parse_endpoint(p.address).host
+            if _literal(host):
+                cause, msg = "transport", ("cannot open a connection (out of file "
+                                           "descriptors?)")
+            else:
+                cause, msg = "unresolved", f"host '{host}' does not resolve"
+        elif verdict == "handshake":
+            msg = ("authentication failed: the unit did not accept this client's CURVE "
+                   "handshake (wrong server key, or this client is not on its allowlist; or "
+                   "the unit does not speak CURVE)" if curve else
+                   "authentication failed: the unit broke off the handshake (it speaks CURVE? "
+                   "this client has no server key, curve_server_key)")
+        elif verdict == "denied":
+            msg = ("authentication failed: the unit refused this client's CURVE key (not on "
+                   f"its allowlist; ZAP status {value})")
+        elif verdict == "mechanism":
+            msg = ("authentication failed: this client speaks CURVE (curve_server_key is set) "
+                   "and the unit does not speak CURVE" if curve else
+                   "authentication failed: the unit speaks CURVE and this client has no "
+                   "server key (curve_server_key)")
+        elif verdict == "protocol":
+            cause, msg = "transport", f"the ZeroMQ handshake failed (protocol error 0x{value:08x})"
+        else:  # dropped
+            cause = "too-large"
+            msg = (f"reply dropped: larger than this client's limit of "
+                   f"{self.limits.max_msg_bytes} bytes (max_msg_bytes), so ZeroMQ closed the "
+                   "connection")
+            log.warning("ctlrpc client: %s at %s: %s", op, p.address, msg)
+        p.error = errors.Transfer(msg, cause=cause, address=p.address, op=op)
+        self._finish(p, False)
+
     def _time_out(self, p: _Pending, op: str, timeout_ms: int) -> None:
         p.error = errors.Timeout(f"no reply within {timeout_ms} ms", address=p.address, op=op)
         self._pool.count(p.address, "timeouts")
@@ -463,7 +707,7 @@ class Client:
                 self._time_out(p, op, timeout_ms)
                 break
             try:
-                ready = p.sock.poll(_ms(left), zmq.POLLIN)
+                ready = p.sock.poll(_ms(min(left, CHECK_S)), zmq.POLLIN)
             except zmq.ZMQError as e:
                 if e.errno == errno.EINTR:
                     continue
@@ -473,10 +717,13 @@ class Client:
                 break
             while ready and not p.done and self._recv_one(p, op):
                 pass
+            if not ready and not p.done:
+                self._check(p, op)
 
     def _collect(self, ps: List[_Pending], op: str, deadline: float, timeout_ms: int) -> None:
         """Wait for the replies of several requests until the one `deadline`; those still
-        pending then end with a timeout."""
+        pending then end with a timeout; every 100 ms, the monitors of those pending are read."""
+        checked = time.monotonic()
         while True:
             waiting = {id(p.sock): p for p in ps if not p.done}
             if not waiting:
@@ -484,14 +731,23 @@ class Client:
             poller = zmq.Poller()
             for p in waiting.values():
                 poller.register(p.sock, zmq.POLLIN)
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
+            if left > 0 and now - checked >= CHECK_S:
+                checked = now
+                for p in waiting.values():
+                    self._check(p, op)
+                continue
             try:
-                events = poller.poll(_ms(left)) if left > 0 else []
+                events = poller.poll(_ms(min(left, CHECK_S - (now - checked)))) \
+                    if left > 0 else []
             except zmq.ZMQError as e:
                 if e.errno == errno.EINTR:
                     continue
                 events = []
             if not events:
+                if deadline - time.monotonic() > 0:
+                    continue
                 for p in waiting.values():  # the deadline: whoever is left times out
                     self._time_out(p, op, timeout_ms)
                 return
@@ -514,6 +770,15 @@ def _request(address: str, op: str, args: Optional[Mapping[str, Any]]) -> Tuple[
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"{op} at {address}: args cannot be packed: {e}") from None
     return b"\x93" + _wire.pack(op), packed_args
+
+
+def _literal(host: str) -> bool:
+    """Whether a host is an IP address (which needs no resolving)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _ms(seconds: float) -> int:

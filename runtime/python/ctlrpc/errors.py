@@ -7,7 +7,9 @@
     +-- Missing             kind Missing: the unit no longer has these blobs (`blobs`)
     +-- Transfer            the call did not complete: `cause` "remote" (the unit answered a
     |   |                   Protocol error, or a kind this caller does not know: `remote_kind`,
-    |   |                   `reason`), "transport", "bad-reply"
+    |   |                   `reason`), "transport", "bad-reply", "refused" (nothing listens),
+    |   |                   "unresolved" (the host does not resolve), "auth" (the CURVE
+    |   |                   handshake failed), "too-large" (a message over the size limit)
     |   +-- Timeout         cause "timeout": no complete reply within the deadline
     +-- DeclaredError       base of the classes for kinds a service declares in its IDL
                             (`error NotFound;`); each subclass sets `kind`
@@ -27,8 +29,12 @@ from __future__ import annotations
 
 from typing import ClassVar, Iterable, List, Optional
 
-# What Transfer.cause holds.
-CAUSES = ("remote", "timeout", "transport", "bad-reply")
+# What Transfer.cause holds: the C runtime's causes by name (ctl_cause_name). "refused",
+# "unresolved" and "auth" end a call well before its deadline (the client watches its
+# connections); "too-large" is a request over the client's limit (not sent) or a reply over it
+# (dropped).
+CAUSES = ("remote", "timeout", "transport", "bad-reply", "refused", "unresolved", "auth",
+          "too-large")
 # The kinds of the wire every peer knows; a declared kind never takes one of these names.
 BUILTIN_KINDS = ("UnitFull", "Busy", "Missing", "Protocol")
 
