@@ -5,6 +5,8 @@
 #   runtime      lib/libctlrpc.so.0 (and .so.0.x.y)
 #   development  lib/libctlrpc.so, lib/libctlrpc.a, include/ctlrpc/*.h,
 #                bin/ctlrpc-gen with its package in share/ctlrpc/gen/,
+#                bin/ctlrpc (the generic caller: tools/ctlrpc/ctlrpc_caller.py
+#                in share/ctlrpc/gen/ too; it also needs the python component),
 #                lib/cmake/ctlrpc/ (ctlrpcConfig.cmake: ctlrpc::ctlrpc,
 #                ctlrpc::ctlrpc_static, ctlrpc_generate()),
 #                lib/pkgconfig/ctlrpc.pc, share/man/man1/ctlrpc-gen.1
@@ -88,8 +90,18 @@ if(EXISTS "${PROJECT_SOURCE_DIR}/runtime/python/ctlrpc")
           PATTERN "__pycache__" EXCLUDE PATTERN "*.pyc" EXCLUDE)
 endif()
 
+# ---- the generic caller ----------------------------------------------------
+# bin/ctlrpc finds its module and ctlrpc-gen's package (share/ctlrpc/gen) and the runtime
+# (CTLRPC_PYTHON_DIR) relative to itself.
+install(FILES tools/ctlrpc/ctlrpc_caller.py DESTINATION ${CTLRPC_GEN_PKG_DIR}
+        COMPONENT development)
+file(RELATIVE_PATH CTLRPC_PYTHON_FROM_BIN "/${CMAKE_INSTALL_BINDIR}" "/${CTLRPC_PYTHON_DIR}")
+configure_file(cmake/ctlrpc.in "${PROJECT_BINARY_DIR}/install/ctlrpc" @ONLY)
+install(PROGRAMS "${PROJECT_BINARY_DIR}/install/ctlrpc"
+        DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT development)
+
 # ---- programs, man pages, docs -------------------------------------------
-install(FILES man/ctlrpc-gen.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
+install(FILES man/ctlrpc-gen.1 man/ctlrpc.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
         COMPONENT development)
 if(CTLRPC_EXAMPLES)
   install(TARGETS ctl-storage-unit ctl-storage
