@@ -832,7 +832,12 @@ COMMANDS = {"call": cmd_call, "ops": cmd_ops, "describe": cmd_describe, "health"
 
 def run(argv: Optional[Sequence[str]]) -> int:
     p = arguments()
-    a = p.parse_args(argv)
+    a, extra = p.parse_known_args(argv)
+    # name=value words may follow options (argparse takes one run of positionals).
+    for word in extra:
+        if word.startswith("-") and word != "-" or not hasattr(a, "words"):
+            raise usage(f"unrecognized argument '{word}'\n(run ctlrpc --help for usage)")
+        a.words.append(word)
     if not a.command:
         raise usage("no command given")
     if a.command == "keygen":
