@@ -41,6 +41,12 @@
 #define DROP_SETTLE_MS 50
 /* Failed attempts in a row that end a call (see docs/API.md). */
 #define FAILS_TO_END 2
+/* Reconnect back-off: ZeroMQ retries after 100 ms (ZMQ_RECONNECT_IVL),
+ * doubling up to this, so a connection that keeps failing while its
+ * socket idles makes a few monitor events a second at most. */
+#define RECONNECT_IVL_MAX_MS 1000
+/* How often the sweep reads the monitors of idle connections. */
+#define IDLE_DRAIN_MS 1000
 
 #define MONITOR_EVENTS                                                        \
     (ZMQ_EVENT_CONNECT_DELAYED | ZMQ_EVENT_CONNECT_RETRIED |                  \
@@ -72,7 +78,7 @@ struct ctl_pool {
     ctl_addr *buckets[BUCKETS];
     retired *ring; /* opts.max_retired slots */
     unsigned ring_head, ring_len;
-    size_t n_addrs;
+    int64_t idle_drained_at;
     _Atomic uint64_t monitor_seq;
     ctl_pool_counters counters;
 };
@@ -106,8 +112,11 @@ ctl_pool *ctl_pool_new(void *ctx, const ctl_pool_options *opts)
 static void close_conn(ctl_pool *p, ctl_conn *c, int linger_ms)
 {
     if (c->mon) {
-        zmq_close(c->mon); /* linger 0: its queued events go with it */
+        /* Stop the monitor while its reader is still there: ZeroMQ sends
+         * monitor events blocking, under the lock that stopping takes, so a
+         * monitor left without a reader would hang its I/O thread. */
         zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon); /* linger 0: its queued events go with it */
     }
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
     zmq_close(c->sock);
@@ -117,6 +126,8 @@ static void close_conn(ctl_pool *p, ctl_conn *c, int linger_ms)
     free(c);
 }
 
+static void drain_monitor(ctl_conn *c);
+
 static void count_late(ctl_pool *p, ctl_addr *a)
 {
     atomic_fetch_add_explicit(&p->counters.late_replies, 1,
@@ -124,11 +135,27 @@ static void count_late(ctl_pool *p, ctl_addr *a)
     atomic_fetch_add_explicit(&a->late_replies, 1, memory_order_relaxed);
 }
 
+/* Read the monitors of idle connections, at most once every IDLE_DRAIN_MS,
+ * so that their events do not pile up. Called with the mutex held. */
+static void drain_idle(ctl_pool *p, int64_t now)
+{
+    if (now - p->idle_drained_at < IDLE_DRAIN_MS)
+        return;
+    p->idle_drained_at = now;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                drain_monitor(e->idle[i]);
+}
+
 /* Drain every retired connection and close the expired ones (or all, when
- * `all`). Called with the mutex held. */
+ * `all`); now and then read the idle connections' monitors. Called with
+ * the mutex held. */
 static void sweep(ctl_pool *p, int all)
 {
-    int64_t now = p->ring_len ? ctl_now_ms() : 0;
+    int64_t now = ctl_now_ms();
+    if (!all)
+        drain_idle(p, now);
     unsigned n = p->ring_len;
     for (unsigned i = 0; i < n; i++) {
         retired r = p->ring[p->ring_head];
@@ -195,7 +222,6 @@ static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
     }
     e->next = p->buckets[h % BUCKETS];
     p->buckets[h % BUCKETS] = e;
-    p->n_addrs++;
     return e;
 }
 
@@ -220,7 +246,12 @@ static void *watch(ctl_pool *p, void *s)
         return NULL;
     void *mon = zmq_socket(p->ctx, ZMQ_PAIR);
     int zero = 0;
+    /* No high-water mark on the reader: ZeroMQ sends monitor events
+     * blocking, so a full pipe would stall the I/O thread. What piles up
+     * is bounded by the reconnect back-off (RECONNECT_IVL_MAX) and drained
+     * by calls and by the pool's sweep (drain_idle). */
     if (mon && (zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+                zmq_setsockopt(mon, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
                 zmq_connect(mon, ep) != 0)) {
         zmq_close(mon);
         mon = NULL;
@@ -247,10 +278,11 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         free(c);
         return NULL;
     }
-    int zero = 0;
+    int zero = 0, ivl_max = RECONNECT_IVL_MAX_MS;
     int64_t maxmsg = (int64_t)p->opts.max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     if (p->opts.curve_server[0] &&
         (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, p->opts.curve_server, 40) != 0 ||
          zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, p->opts.curve_public, 40) != 0 ||
@@ -401,11 +433,11 @@ static void fold(ctl_conn_state *st, unsigned ev, uint32_t value)
     }
 }
 
-ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
+/* Fold every event that has arrived on c's monitor into its state. */
+static void drain_monitor(ctl_conn *conn)
 {
-    ctl_conn_state *st = &conn->st;
     if (!conn->mon)
-        return CTL_CONN_OK;
+        return;
     for (;;) {
         zmq_msg_t frame;
         /* [event u16 + value u32, endpoint] */
@@ -418,10 +450,18 @@ ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
             uint32_t value;
             memcpy(&ev, d, sizeof ev);
             memcpy(&value, d + 2, sizeof value);
-            fold(st, ev, value);
+            fold(&conn->st, ev, value);
         }
         zmq_msg_close(&frame);
     }
+}
+
+ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
+{
+    ctl_conn_state *st = &conn->st;
+    if (!conn->mon)
+        return CTL_CONN_OK;
+    drain_monitor(conn);
     if (st->verdict_event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         return CTL_CONN_DENIED;
     if (st->verdict_event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
