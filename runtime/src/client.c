@@ -467,12 +467,16 @@ static void check_conn(ctl_client *c, pending *p, const char *op)
                                "%s at %s: authentication failed: the unit did "
                                "not accept this client's CURVE handshake "
                                "(wrong server key, or this client is not on "
-                               "its allowlist)", op, a);
+                               "its allowlist; or the unit does not speak "
+                               "CURVE)", op, a);
         else
-            ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
-                               "%s at %s: the peer broke off the ZeroMQ "
-                               "handshake (is a ctlrpc unit listening "
-                               "there?)", op, a);
+            /* A CURVE unit drops a plaintext client this way as often as
+             * it reports the mismatch. */
+            ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                               "%s at %s: authentication failed: the unit "
+                               "broke off the handshake (it speaks CURVE? "
+                               "this client has no server key, "
+                               "curve_server_key)", op, a);
         break;
     case CTL_CONN_DENIED:
         ctl_error_transfer(err, CTL_CAUSE_AUTH,
@@ -486,7 +490,7 @@ static void check_conn(ctl_client *c, pending *p, const char *op)
             ctl_error_transfer(err, CTL_CAUSE_AUTH,
                                "%s at %s: authentication failed: this client "
                                "speaks CURVE (curve_server_key is set) and the "
-                               "unit does not", op, a);
+                               "unit does not speak CURVE", op, a);
         else
             ctl_error_transfer(err, CTL_CAUSE_AUTH,
                                "%s at %s: authentication failed: the unit "

@@ -246,6 +246,7 @@ struct ctl_zap {
     uint8_t (*keys)[32]; /* allowed client keys, binary */
     size_t count;
     _Atomic uint64_t *denied;
+    char who[128]; /* the unit, for the log line of a refusal */
 };
 
 void ctl_zap_destroy(ctl_zap **zap)
@@ -283,6 +284,7 @@ int ctl_zap_new(void *ctx, const char *const *keys, size_t count,
     }
     z->count = count;
     z->denied = denied;
+    snprintf(z->who, sizeof z->who, "%s", who ? who : "");
     z->sock = zmq_socket(ctx, ZMQ_REP);
     if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01") != 0) {
         int rc = ctl_error_set(err, CTL_INVALID,
@@ -304,6 +306,31 @@ void *ctl_zap_socket(ctl_zap *zap)
     return zap->sock;
 }
 
+/* The one log line of a refused handshake (to standard error): the unit,
+ * the peer's address, and the key it offered (or its mechanism). */
+static void log_refusal(const ctl_zap *z, zmq_msg_t *f, int kept, uint64_t n)
+{
+    char peer[64] = "?", key[CTL_CURVE_KEY_BUF] = "";
+    if (kept >= 4) {
+        size_t len = zmq_msg_size(&f[3]) < sizeof peer - 1 ? zmq_msg_size(&f[3])
+                                                           : sizeof peer - 1;
+        memcpy(peer, zmq_msg_data(&f[3]), len);
+        peer[len] = '\0';
+    }
+    if (kept >= 7 && zmq_msg_size(&f[6]) == 32)
+        zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+    if (key[0])
+        fprintf(stderr,
+                "ctlrpc unit %s: refused a CURVE handshake from %s: client key "
+                "%s is not on the allowlist (%llu refused so far)\n",
+                z->who, peer, key, (unsigned long long)n);
+    else
+        fprintf(stderr,
+                "ctlrpc unit %s: refused a handshake from %s: not a CURVE "
+                "client with a key (%llu refused so far)\n",
+                z->who, peer, (unsigned long long)n);
+}
+
 /* Answer one request: 200 for a CURVE client whose key is on the list,
  * 400 for anything else. Returns -1 when none was waiting. */
 static int serve_zap_one(ctl_zap *z)
@@ -321,8 +348,11 @@ static int serve_zap_one(ctl_zap *z)
         for (size_t i = 0; i < z->count && !allowed; i++)
             allowed = memcmp(z->keys[i], zmq_msg_data(&f[6]), 32) == 0;
     }
-    if (!allowed)
-        atomic_fetch_add_explicit(z->denied, 1, memory_order_relaxed);
+    if (!allowed) {
+        uint64_t so_far = atomic_fetch_add_explicit(z->denied, 1,
+                                               memory_order_relaxed) + 1;
+        log_refusal(z, f, kept, so_far);
+    }
     /* A REP socket must answer what it read; a request too short to carry
      * an id gets an answer with an empty one. */
     const char *code = allowed ? "200" : "400";
