@@ -18,9 +18,13 @@
  *
  * Errors (ctl_error): CTL_UNIT_FULL, CTL_BUSY (reason), CTL_MISSING (blobs)
  * as the unit raised them; CTL_TRANSFER for a remote Protocol error or an
- * unknown kind (cause CTL_CAUSE_REMOTE), a timeout, a transport failure or
- * an undecodable reply; CTL_INVALID for unusable arguments. Every message
- * names the address and the op.
+ * unknown kind (cause CTL_CAUSE_REMOTE), a timeout, a transport failure, an
+ * undecodable reply, and the failures a call sees before its deadline:
+ * connection refused, a host that does not resolve, a CURVE handshake
+ * the unit did not accept, a message over the size limit (causes REFUSED,
+ * UNRESOLVED, AUTH, TOO_LARGE; docs/API.md, "Failures that end a call
+ * early"); CTL_INVALID for unusable arguments. Every message names the
+ * address and the op.
  *
  * Threading: a client may be shared by any number of threads; every
  * function except ctl_client_destroy is thread-safe. Destroy it only after
