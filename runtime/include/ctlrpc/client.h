@@ -163,8 +163,10 @@ typedef struct ctl_outcome {
 /*
  * Fan-out: send `op` to every target before reading any reply, then collect
  * replies until they are all in or the one deadline for the whole batch
- * (`timeout_ms`, < 0: the client's default; 0:
- * every target fails at once with a timeout, nothing sent) passes. `outcomes` has
+ * (`timeout_ms`, < 0: the client's default) passes; with 0, every target
+ * fails at once with a timeout and nothing is sent. A target whose
+ * connection is refused, whose host does not resolve or whose handshake
+ * fails ends early (as ctl_client_call). `outcomes` has
  * `count` entries, which this function initialises (their previous contents
  * are ignored); release them with ctl_outcomes_fini. One target's failure
  * does not affect the others.
