@@ -34,6 +34,8 @@ enum {
     EXIT_MISSING = 5,
     EXIT_TRANSFER = 6,
     EXIT_TIMEOUT = 7,
+    EXIT_UNREACHABLE = 8,
+    EXIT_AUTH = 9,
 };
 
 #define MAX_ADDRESSES 256
@@ -74,7 +76,9 @@ static const char usage_text[] =
     "                   allowlist; must not be readable by others)\n"
     "\n"
     "exit status: 0 ok, 1 local failure, 2 usage, 3 UnitFull, 4 Busy,\n"
-    "5 Missing, 6 Transfer (protocol, transport, bad reply), 7 timeout\n";
+    "5 Missing, 6 Transfer (protocol, transport, bad reply, too large),\n"
+    "7 timeout, 8 unreachable (connection refused, host does not resolve),\n"
+    "9 authentication failed (CURVE keys or allowlist)\n";
 
 static int usage_error(const char *fmt, ...) CTL_PRINTF(1, 2);
 static int usage_error(const char *fmt, ...)
@@ -103,7 +107,17 @@ static int status_of(const ctl_error *err)
     case CTL_INVALID:
         return EXIT_USAGE;
     case CTL_TRANSFER:
-        return err->cause == CTL_CAUSE_TIMEOUT ? EXIT_TIMEOUT : EXIT_TRANSFER;
+        switch (err->cause) {
+        case CTL_CAUSE_TIMEOUT:
+            return EXIT_TIMEOUT;
+        case CTL_CAUSE_REFUSED:
+        case CTL_CAUSE_UNRESOLVED:
+            return EXIT_UNREACHABLE;
+        case CTL_CAUSE_AUTH:
+            return EXIT_AUTH;
+        default:
+            return EXIT_TRANSFER;
+        }
     default:
         return EXIT_TRANSFER;
     }
@@ -114,6 +128,11 @@ static const char *word_of(const ctl_error *err)
 {
     if (err->kind == CTL_TRANSFER && err->cause == CTL_CAUSE_TIMEOUT)
         return "Timeout";
+    if (err->kind == CTL_TRANSFER &&
+        (err->cause == CTL_CAUSE_REFUSED || err->cause == CTL_CAUSE_UNRESOLVED))
+        return "Unreachable";
+    if (err->kind == CTL_TRANSFER && err->cause == CTL_CAUSE_AUTH)
+        return "AuthFailed";
     return ctl_kind_name(err->kind);
 }
 

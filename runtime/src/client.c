@@ -23,7 +23,9 @@
  */
 #include "ctlrpc/client.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,7 @@
 #include <zmq.h>
 
 #include "ctlrpc/curve.h"
+#include "ctlrpc/net.h"
 #include "call_int.h"
 #include "client_int.h"
 #include "pool_int.h"
@@ -51,10 +54,21 @@ struct ctl_client {
     _Atomic uint64_t timeouts;
 };
 
+/* A call that has waited this long without its reply reads its
+ * connection's monitor (and again every slice after). A reply that comes
+ * sooner costs nothing more than before: one blocking receive. */
+#define CHECK_SLICE_MS 100
+
+/* The private ZeroMQ context's socket limit: each pooled connection takes
+ * three sockets (the DEALER, its monitor and the PAIR that reads it), so
+ * three times libzmq's default of 1023. */
+#define OWN_CTX_MAX_SOCKETS 3072
+
 /* One request of a call or a fan-out. */
 typedef struct pending {
     const char *address;
-    void *sock;
+    ctl_conn *conn;
+    ctl_addr *addr; /* the address's entry, once known (for its counters) */
     char id[CTL_ID_LEN + 1];
     int dirty; /* saw a message for another id: never return to the pool */
     int done;
@@ -62,6 +76,21 @@ typedef struct pending {
     ctl_error *err;    /* where the failure goes */
     ctl_frame *req;    /* the packed request, consumed by send_request */
 } pending;
+
+/* Log one line through the client's log function (or to standard error). */
+static void client_log(const ctl_client *c, const char *fmt, ...) CTL_PRINTF(2, 3);
+static void client_log(const ctl_client *c, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (c->opts.log)
+        c->opts.log(c->opts.log_user, line);
+    else
+        fprintf(stderr, "ctlrpc client: %s\n", line);
+}
 
 void ctl_client_options_init(ctl_client_options *opts)
 {
@@ -116,6 +145,8 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
         c->opts = *opts;
     else
         ctl_client_options_init(&c->opts);
+    if (c->opts.default_timeout_ms == 0)
+        c->opts.default_timeout_ms = CTL_DEFAULT_TIMEOUT_MS;
     if (c->opts.default_timeout_ms < 0) {
         int bad = c->opts.default_timeout_ms;
         free(c);
@@ -132,6 +163,8 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
     if (!c->ctx) {
         c->ctx = zmq_ctx_new();
         c->own_ctx = 1;
+        if (c->ctx)
+            zmq_ctx_set(c->ctx, ZMQ_MAX_SOCKETS, OWN_CTX_MAX_SOCKETS);
         if (!c->ctx) {
             free(c);
             return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
@@ -230,35 +263,75 @@ static int send_frame(void *sock, ctl_frame *req, int64_t deadline_ms,
     return send_until(sock, data, size, deadline_ms, address, op, err);
 }
 
+/* Refuse a request that is not to be sent: one packed out of memory, one
+ * larger than the client's limit (logged), or any request when the caller
+ * gave no time at all (`timeout_ms` 0). Returns 0 when it may go, else the
+ * kind with `err` set and *addr the address's entry when it is known. */
+static int refuse_request(ctl_client *c, const ctl_frame *req,
+                          const char *address, const char *op, int timeout_ms,
+                          ctl_addr **addr, ctl_error *err)
+{
+    if (req->failed)
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
+                                  "%s at %s: out of memory packing the "
+                                  "request", op, address);
+    size_t limit = c->opts.limits.max_msg_bytes;
+    if (req->sb.size <= limit && timeout_ms != 0)
+        return 0;
+    /* The address must be usable before anything else is said of it. */
+    if (!(*addr = ctl_pool_addr(c->pool, address, err)))
+        return err ? (int)err->kind : CTL_INVALID;
+    if (timeout_ms == 0) {
+        atomic_fetch_add_explicit(&c->timeouts, 1, memory_order_relaxed);
+        return ctl_error_transfer(err, CTL_CAUSE_TIMEOUT,
+                                  "%s at %s: a timeout of 0 ms leaves no time "
+                                  "for a reply; nothing was sent", op, address);
+    }
+    ctl_error_transfer(err, CTL_CAUSE_TOO_LARGE,
+                       "%s at %s: the request is %zu bytes, larger than this "
+                       "client's limit of %zu bytes (limits.max_msg_bytes); "
+                       "not sent", op, address, req->sb.size, limit);
+    client_log(c, "%s", err && err->msg ? err->msg : "a request over the size limit was not sent");
+    return CTL_TRANSFER;
+}
+
 /* Lend a socket and send the request of `p`, which it consumes. On failure
  * the socket (if any) is retired and `err` says why. */
 static int send_request(ctl_client *c, pending *p, const char *op,
-                        int64_t deadline_ms, ctl_error *err)
+                        int timeout_ms, int64_t deadline_ms, ctl_error *err)
 {
     ctl_frame *req = p->req;
     int rc;
     p->req = NULL;
-    if (req->failed) {
+    rc = refuse_request(c, req, p->address, op, timeout_ms, &p->addr, err);
+    if (rc != 0) {
         ctl_frame_fini(req);
-        return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
-                                  "%s at %s: out of memory packing the "
-                                  "request", op, p->address);
+        return rc;
     }
-    p->sock = ctl_pool_lend(c->pool, p->address, err);
-    if (!p->sock) {
+    p->conn = ctl_pool_lend(c->pool, p->address, err);
+    if (!p->conn) {
         ctl_frame_fini(req);
         return err ? err->kind : CTL_TRANSFER;
     }
+    p->addr = p->conn->addr;
     new_id(c, p->id);
     ctl_frame_set_id(req, (ctl_str){p->id, CTL_ID_LEN});
-    rc = send_frame(p->sock, req, deadline_ms, p->address, op, err);
+    rc = send_frame(p->conn->sock, req, deadline_ms, p->address, op, err);
     if (rc != 0) {
-        ctl_pool_retire(c->pool, p->sock);
-        p->sock = NULL;
+        ctl_pool_retire(c->pool, p->conn);
+        p->conn = NULL;
         return rc;
     }
     atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
+    ctl_pool_count_call(p->addr);
     return 0;
+}
+
+/* Count a call's failure against its address, by cause. */
+static void count_outcome(const pending *p, const ctl_error *err)
+{
+    if (p->addr && err && err->kind == CTL_TRANSFER)
+        ctl_pool_count_error(p->addr, err->cause);
 }
 
 /* A reply's bytes are a zmq_msg_t kept in the handle's tail. */
@@ -271,12 +344,12 @@ static void release_msg(ctl_reply *r)
  * reply; otherwise it is retired. */
 static void finish(ctl_client *c, pending *p, int clean)
 {
-    if (p->sock) {
+    if (p->conn) {
         if (clean && !p->dirty)
-            ctl_pool_return(c->pool, p->address, p->sock);
+            ctl_pool_return(c->pool, p->conn);
         else
-            ctl_pool_retire(c->pool, p->sock);
-        p->sock = NULL;
+            ctl_pool_retire(c->pool, p->conn);
+        p->conn = NULL;
     }
     p->done = 1;
 }
@@ -292,7 +365,7 @@ static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
 {
     ctl_error *err = p->err;
     zmq_msg_t msg;
-    int frames = ctl_recv_message(p->sock, &msg, 1, flags);
+    int frames = ctl_recv_message(p->conn->sock, &msg, 1, flags);
     if (frames < 0) {
         int e = zmq_errno();
         if (e == EAGAIN || e == EINTR)
@@ -325,7 +398,7 @@ static int recv_one(ctl_client *c, pending *p, const char *op, int flags)
         finish(c, p, 1);
         return 0;
     case CTL_MATCH_OTHER:
-        ctl_pool_count_late(c->pool);
+        ctl_pool_count_late(c->pool, p->addr);
         p->dirty = 1;
         ctl_reply_destroy(&r);
         return 0;
@@ -350,9 +423,103 @@ static void time_out(ctl_client *c, pending *p, const char *op, int timeout_ms)
     finish(c, p, 0);
 }
 
+/* Whether the host of `address` is an IP address (it cannot fail to
+ * resolve) rather than a name. */
+static int host_is_literal(const char *host)
+{
+    unsigned char buf[16];
+    return inet_pton(AF_INET, host, buf) == 1 ||
+           inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* Read what the monitor of p's connection says; when the connection cannot
+ * carry the call (docs/API.md, "Failures that end a call early"), end `p`
+ * with an error that says why. */
+static void check_conn(ctl_client *c, pending *p, const char *op)
+{
+    ctl_error *err = p->err;
+    const char *a = p->address;
+    int curve = ctl_pool_curve(c->pool);
+    ctl_conn_verdict v = ctl_conn_check(p->conn, ctl_now_ms());
+    switch (v) {
+    case CTL_CONN_OK:
+        return;
+    case CTL_CONN_REFUSED:
+        ctl_error_transfer(err, CTL_CAUSE_REFUSED,
+                           "%s at %s: connection refused (nothing listens "
+                           "there?)", op, a);
+        break;
+    case CTL_CONN_UNRESOLVED: {
+        ctl_endpoint ep;
+        if (ctl_endpoint_parse(a, &ep, NULL) == 0 && !host_is_literal(ep.host))
+            ctl_error_transfer(err, CTL_CAUSE_UNRESOLVED,
+                               "%s at %s: host '%s' does not resolve", op, a,
+                               ep.host);
+        else
+            ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                               "%s at %s: cannot open a connection (out of "
+                               "file descriptors?)", op, a);
+        break;
+    }
+    case CTL_CONN_HANDSHAKE:
+        if (curve)
+            ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                               "%s at %s: authentication failed: the unit did "
+                               "not accept this client's CURVE handshake "
+                               "(wrong server key, or this client is not on "
+                               "its allowlist; or the unit does not speak "
+                               "CURVE)", op, a);
+        else
+            /* A CURVE unit drops a plaintext client this way as often as
+             * it reports the mismatch. */
+            ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                               "%s at %s: authentication failed: the unit "
+                               "broke off the handshake (it speaks CURVE? "
+                               "this client has no server key, "
+                               "curve_server_key)", op, a);
+        break;
+    case CTL_CONN_DENIED:
+        ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                           "%s at %s: authentication failed: the unit refused "
+                           "this client's CURVE key (not on its allowlist; "
+                           "ZAP status %u)", op, a,
+                           (unsigned)p->conn->st.verdict_value);
+        break;
+    case CTL_CONN_MECHANISM:
+        if (curve)
+            ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                               "%s at %s: authentication failed: this client "
+                               "speaks CURVE (curve_server_key is set) and the "
+                               "unit does not speak CURVE", op, a);
+        else
+            ctl_error_transfer(err, CTL_CAUSE_AUTH,
+                               "%s at %s: authentication failed: the unit "
+                               "speaks CURVE and this client has no server "
+                               "key (curve_server_key)", op, a);
+        break;
+    case CTL_CONN_PROTOCOL:
+        ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                           "%s at %s: the ZeroMQ handshake failed (protocol "
+                           "error 0x%08x)", op, a,
+                           (unsigned)p->conn->st.verdict_value);
+        break;
+    case CTL_CONN_DROPPED:
+        ctl_error_transfer(err, CTL_CAUSE_TOO_LARGE,
+                           "%s at %s: reply dropped: larger than this "
+                           "client's limit of %zu bytes (limits.max_msg_bytes),"
+                           " so ZeroMQ closed the connection", op, a,
+                           c->opts.limits.max_msg_bytes);
+        client_log(c, "%s", err->msg);
+        break;
+    }
+    finish(c, p, 0);
+}
+
 /* The reply of a single call: a blocking receive bounded by the time
  * left (ZMQ_RCVTIMEO) costs fewer system calls than zmq_poll followed by
- * a receive, which is what a round trip's latency is made of. */
+ * a receive, which is what a round trip's latency is made of. The
+ * receive waits a slice at a time; between slices the call reads its
+ * connection's monitor. */
 static void collect_one(ctl_client *c, pending *p, const char *op,
                         int64_t deadline_ms, int timeout_ms)
 {
@@ -362,8 +529,10 @@ static void collect_one(ctl_client *c, pending *p, const char *op,
             time_out(c, p, op, timeout_ms);
             break;
         }
-        zmq_setsockopt(p->sock, ZMQ_RCVTIMEO, &left, sizeof left);
-        recv_one(c, p, op, 0);
+        int slice = left < CHECK_SLICE_MS ? left : CHECK_SLICE_MS;
+        zmq_setsockopt(p->conn->sock, ZMQ_RCVTIMEO, &slice, sizeof slice);
+        if (recv_one(c, p, op, 0) == 1 && !p->done)
+            check_conn(c, p, op);
     }
 }
 
@@ -386,12 +555,13 @@ static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
         items = calloc(n, sizeof *items);
         which = calloc(n, sizeof *which);
     }
+    int64_t next_check = ctl_now_ms() + CHECK_SLICE_MS;
     for (;;) {
         size_t k = 0;
         for (size_t i = 0; i < n && items && which; i++) {
             if (ps[i].done)
                 continue;
-            items[k] = (zmq_pollitem_t){ps[i].sock, 0, ZMQ_POLLIN, 0};
+            items[k] = (zmq_pollitem_t){ps[i].conn->sock, 0, ZMQ_POLLIN, 0};
             which[k++] = i;
         }
         if (!items || !which) {
@@ -409,20 +579,30 @@ static void collect(ctl_client *c, pending *ps, size_t n, const char *op,
         if (k == 0)
             break;
         int left = ctl_ms_left(deadline_ms);
-        int rc = left > 0 ? zmq_poll(items, (int)k, left) : 0;
+        int until_check = ctl_ms_left(next_check);
+        int wait = left < until_check ? left : until_check;
+        int rc = left > 0 ? zmq_poll(items, (int)k, wait) : 0;
         if (rc < 0 && zmq_errno() == EINTR)
             continue;
-        if (rc <= 0) {
+        if (left <= 0 || rc < 0) {
             /* The deadline (or a broken poll): whoever is left times out. */
             for (size_t j = 0; j < k; j++)
                 time_out(c, &ps[which[j]], op, timeout_ms);
             break;
         }
-        for (size_t j = 0; j < k; j++) {
+        for (size_t j = 0; j < k && rc > 0; j++) {
             pending *p = &ps[which[j]];
             if (items[j].revents & ZMQ_POLLIN)
                 while (!p->done && recv_one(c, p, op, ZMQ_DONTWAIT) == 0)
                     ;
+        }
+        int64_t now = ctl_now_ms();
+        if (now >= next_check) {
+            /* A slice has passed: read the monitors of those still waiting. */
+            for (size_t j = 0; j < k; j++)
+                if (!ps[which[j]].done)
+                    check_conn(c, &ps[which[j]], op);
+            next_check = now + CHECK_SLICE_MS;
         }
     }
     if (items != small_items)
@@ -452,11 +632,12 @@ int ctl_client_call_req(ctl_client *client, const char *address,
     ctl_error local;
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    pending p = {address, NULL, {0}, 0, 0, reply, e, req};
-    int rc = send_request(client, &p, op, deadline, e);
+    pending p = {address, NULL, NULL, {0}, 0, 0, reply, e, req};
+    int rc = send_request(client, &p, op, tmo, deadline, e);
     if (rc == 0)
         collect_one(client, &p, op, deadline, tmo);
     rc = *reply ? 0 : (e->kind ? (int)e->kind : CTL_TRANSFER);
+    count_outcome(&p, e);
     ctl_error_fini(&local);
     return rc;
 }
@@ -513,7 +694,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
     }
     /* Every request goes out before any reply is read. */
     for (size_t i = 0; i < count; i++) {
-        ps[i] = (pending){addresses[i], NULL, {0}, 0, 0, &replies[i],
+        ps[i] = (pending){addresses[i], NULL, NULL, {0}, 0, 0, &replies[i],
                           &outcomes[i].error, &reqs[i]};
         if (!ps[i].address) {
             ctl_error_set(&outcomes[i].error, CTL_INVALID,
@@ -521,7 +702,8 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
             ps[i].done = 1;
             continue;
         }
-        if (send_request(client, &ps[i], op, deadline, &outcomes[i].error) != 0)
+        if (send_request(client, &ps[i], op, tmo, deadline,
+                         &outcomes[i].error) != 0)
             ps[i].done = 1;
     }
     collect(client, ps, count, op, deadline, tmo);
@@ -532,6 +714,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
             if (outcomes[i].error.kind == CTL_OK)
                 ctl_error_transfer(&outcomes[i].error, CTL_CAUSE_TRANSPORT,
                                    "%s at %s: no reply", op, ps[i].address);
+            count_outcome(&ps[i], &outcomes[i].error);
         }
     }
 out:
@@ -613,21 +796,22 @@ int ctl_client_notify_req(ctl_client *client, const char *address,
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
     int rc;
-    void *sock = NULL;
-    if (req->failed) {
-        rc = ctl_error_transfer(e, CTL_CAUSE_NOMEM,
-                                "%s at %s: out of memory packing the request",
-                                op, address);
-    } else if (!(sock = ctl_pool_lend(client->pool, address, e))) {
+    ctl_conn *conn = NULL;
+    ctl_addr *addr = NULL;
+    if ((rc = refuse_request(client, req, address, op, -1, &addr, e)) != 0) {
+        if (addr)
+            ctl_pool_count_error(addr, e->cause);
+    } else if (!(conn = ctl_pool_lend(client->pool, address, e))) {
         rc = e->kind;
     } else {
-        rc = send_frame(sock, req, deadline, address, op, e);
+        rc = send_frame(conn->sock, req, deadline, address, op, e);
         if (rc != 0) {
-            ctl_pool_retire(client->pool, sock);
+            ctl_pool_count_error(conn->addr, e->cause);
+            ctl_pool_retire(client->pool, conn);
         } else {
             atomic_fetch_add_explicit(&client->notifies, 1,
                                       memory_order_relaxed);
-            ctl_pool_return(client->pool, address, sock);
+            ctl_pool_return(client->pool, conn);
         }
     }
     ctl_frame_fini(req);
@@ -662,4 +846,21 @@ void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out)
         atomic_load_explicit(&pc->sockets_retired, memory_order_relaxed);
     out->sockets_closed =
         atomic_load_explicit(&pc->sockets_closed, memory_order_relaxed);
+}
+
+void ctl_client_address_stats(ctl_client *client, const char *address,
+                              ctl_address_stats *out)
+{
+    if (!out)
+        return;
+    if (!client) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    ctl_pool_address_stats(client->pool, address, out);
+}
+
+size_t ctl_client_addresses(ctl_client *client, const char **out, size_t max)
+{
+    return client ? ctl_pool_addresses(client->pool, out, max) : 0;
 }

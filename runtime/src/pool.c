@@ -3,37 +3,71 @@
  *
  * Addresses live in a chained hash table of fixed width (a control plane
  * talks to tens or hundreds of units, not millions); each entry holds its
- * idle sockets as a stack. An address is validated once, when its entry is
- * created, so a call to a known unit does not re-parse its endpoint.
+ * idle connections as a stack and its counters. An address is validated
+ * once, when its entry is created, so a call to a known unit does not
+ * re-parse its endpoint. Entries live until the pool is destroyed, so a
+ * connection may point at its entry.
  *
- * Retired sockets sit in a ring ordered by retirement time. Every lend and
- * return first sweeps it: pending messages are received and counted as late
- * replies, and sockets whose grace period is over are closed. The sweep is
- * non-blocking and bounded by max_retired.
+ * Retired connections sit in a ring ordered by retirement time. Every lend
+ * and return first sweeps it: pending messages are received and counted as
+ * late replies, and connections whose grace period is over are closed. The
+ * sweep is non-blocking and bounded by max_retired.
+ *
+ * Every DEALER gets a monitor at birth (before it connects, so no event is
+ * missed): an inproc PAIR that receives its connection events. Nobody reads
+ * it while replies come in time; a call that has waited a slice without a
+ * reply reads it (ctl_conn_check). Events that pile up on an idle socket
+ * are few (a handful per reconnection) and bounded by the PAIR's high-water
+ * mark, past which ZeroMQ drops them.
  */
 #include "pool_int.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zmq.h>
 
 #include "ctlrpc/net.h"
+#include "transport_int.h"
 #include "util_int.h"
 
 #define BUCKETS 256
 #define IDLE_LINGER_MS 100
+/* How long a dropped connection must stay without a reconnect before the
+ * drop is taken as this side's doing: ZeroMQ schedules the reconnect of a
+ * connection the peer closed within microseconds of reporting the drop. */
+#define DROP_SETTLE_MS 50
+/* Failed attempts in a row that end a call (see docs/API.md). */
+#define FAILS_TO_END 2
+/* Reconnect back-off: ZeroMQ retries after 100 ms (ZMQ_RECONNECT_IVL),
+ * doubling up to this, so a connection that keeps failing while its
+ * socket idles makes a few monitor events a second at most. */
+#define RECONNECT_IVL_MAX_MS 1000
+/* How often the sweep reads the monitors of idle connections. */
+#define IDLE_DRAIN_MS 1000
 
-typedef struct entry {
-    struct entry *next;
+#define MONITOR_EVENTS                                                        \
+    (ZMQ_EVENT_CONNECT_DELAYED | ZMQ_EVENT_CONNECT_RETRIED |                  \
+     ZMQ_EVENT_CLOSED | ZMQ_EVENT_DISCONNECTED |                              \
+     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |   \
+     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
+struct ctl_addr {
+    struct ctl_addr *next;
     char *address;
-    void **idle;
+    ctl_conn **idle;
     unsigned n_idle;
-} entry;
+    _Atomic uint64_t calls;
+    _Atomic uint64_t late_replies;
+    _Atomic uint64_t sockets;
+    _Atomic uint64_t retired;
+    _Atomic uint64_t errors[CTL_CAUSE_COUNT];
+};
 
 typedef struct retired {
-    void *sock;
+    ctl_conn *conn;
     int64_t close_at_ms;
 } retired;
 
@@ -41,9 +75,11 @@ struct ctl_pool {
     void *ctx;
     ctl_pool_options opts;
     pthread_mutex_t mu;
-    entry *buckets[BUCKETS];
+    ctl_addr *buckets[BUCKETS];
     retired *ring; /* opts.max_retired slots */
     unsigned ring_head, ring_len;
+    int64_t idle_drained_at;
+    _Atomic uint64_t monitor_seq;
     ctl_pool_counters counters;
 };
 
@@ -73,34 +109,67 @@ ctl_pool *ctl_pool_new(void *ctx, const ctl_pool_options *opts)
     return p;
 }
 
-static void close_socket(ctl_pool *p, void *sock, int linger_ms)
+static void close_conn(ctl_pool *p, ctl_conn *c, int linger_ms)
 {
-    zmq_setsockopt(sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
-    zmq_close(sock);
+    if (c->mon) {
+        /* Stop the monitor while its reader is still there: ZeroMQ sends
+         * monitor events blocking, under the lock that stopping takes, so a
+         * monitor left without a reader would hang its I/O thread. */
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon); /* linger 0: its queued events go with it */
+    }
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+    zmq_close(c->sock);
+    atomic_fetch_sub_explicit(&c->addr->sockets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->counters.sockets_closed, 1,
                               memory_order_relaxed);
+    free(c);
 }
 
-/* Drain every retired socket and close the expired ones (or all, when
- * `all`). Called with the mutex held. */
+static void drain_monitor(ctl_conn *c);
+
+static void count_late(ctl_pool *p, ctl_addr *a)
+{
+    atomic_fetch_add_explicit(&p->counters.late_replies, 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->late_replies, 1, memory_order_relaxed);
+}
+
+/* Read the monitors of idle connections, at most once every IDLE_DRAIN_MS,
+ * so that their events do not pile up. Called with the mutex held. */
+static void drain_idle(ctl_pool *p, int64_t now)
+{
+    if (now - p->idle_drained_at < IDLE_DRAIN_MS)
+        return;
+    p->idle_drained_at = now;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                drain_monitor(e->idle[i]);
+}
+
+/* Drain every retired connection and close the expired ones (or all, when
+ * `all`); now and then read the idle connections' monitors. Called with
+ * the mutex held. */
 static void sweep(ctl_pool *p, int all)
 {
-    int64_t now = p->ring_len ? ctl_now_ms() : 0;
+    int64_t now = ctl_now_ms();
+    if (!all)
+        drain_idle(p, now);
     unsigned n = p->ring_len;
     for (unsigned i = 0; i < n; i++) {
         retired r = p->ring[p->ring_head];
         zmq_msg_t m;
         zmq_msg_init(&m);
-        while (zmq_msg_recv(&m, r.sock, ZMQ_DONTWAIT) >= 0) {
+        while (zmq_msg_recv(&m, r.conn->sock, ZMQ_DONTWAIT) >= 0) {
             if (!zmq_msg_more(&m))
-                atomic_fetch_add_explicit(&p->counters.late_replies, 1,
-                                          memory_order_relaxed);
+                count_late(p, r.conn->addr);
         }
         zmq_msg_close(&m);
         p->ring_head = (p->ring_head + 1) % p->opts.max_retired;
         p->ring_len--;
         if (all || r.close_at_ms <= now) {
-            close_socket(p, r.sock, 0);
+            close_conn(p, r.conn, 0);
         } else {
             /* Still in its grace period: back at the tail, same order. */
             p->ring[(p->ring_head + p->ring_len) % p->opts.max_retired] = r;
@@ -109,19 +178,20 @@ static void sweep(ctl_pool *p, int all)
     }
 }
 
-static entry *find_entry(ctl_pool *p, const char *address, uint32_t h)
+static ctl_addr *find_entry(ctl_pool *p, const char *address, uint32_t h)
 {
-    for (entry *e = p->buckets[h % BUCKETS]; e; e = e->next)
+    for (ctl_addr *e = p->buckets[h % BUCKETS]; e; e = e->next)
         if (strcmp(e->address, address) == 0)
             return e;
     return NULL;
 }
 
-/* Find or create the entry for `address`, validating it on creation. */
-static entry *get_entry(ctl_pool *p, const char *address, ctl_error *err)
+/* Find or create the entry for `address`, validating it on creation.
+ * Called with the mutex held. */
+static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
 {
     uint32_t h = hash(address);
-    entry *e = find_entry(p, address, h);
+    ctl_addr *e = find_entry(p, address, h);
     if (e)
         return e;
     ctl_endpoint ep;
@@ -155,19 +225,64 @@ static entry *get_entry(ctl_pool *p, const char *address, ctl_error *err)
     return e;
 }
 
-static void *dial(ctl_pool *p, const char *address, ctl_error *err)
+ctl_addr *ctl_pool_addr(ctl_pool *p, const char *address, ctl_error *err)
 {
+    pthread_mutex_lock(&p->mu);
+    ctl_addr *e = get_entry(p, address, err);
+    pthread_mutex_unlock(&p->mu);
+    return e;
+}
+
+/* Give `s` a monitor, before it connects: an inproc PAIR that receives its
+ * connection events. Returns the PAIR or NULL (zmq_errno() says why). */
+static void *watch(ctl_pool *p, void *s)
+{
+    char ep[96];
+    uint64_t n = atomic_fetch_add_explicit(&p->monitor_seq, 1,
+                                           memory_order_relaxed);
+    snprintf(ep, sizeof ep, "inproc://ctlrpc-monitor-%p-%llu", (void *)p,
+             (unsigned long long)n);
+    if (zmq_socket_monitor(s, ep, MONITOR_EVENTS) != 0)
+        return NULL;
+    void *mon = zmq_socket(p->ctx, ZMQ_PAIR);
+    int zero = 0;
+    /* No high-water mark on the reader: ZeroMQ sends monitor events
+     * blocking, so a full pipe would stall the I/O thread. What piles up
+     * is bounded by the reconnect back-off (RECONNECT_IVL_MAX) and drained
+     * by calls and by the pool's sweep (drain_idle). */
+    if (mon && (zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+                zmq_setsockopt(mon, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
+                zmq_connect(mon, ep) != 0)) {
+        zmq_close(mon);
+        mon = NULL;
+    }
+    if (!mon)
+        zmq_socket_monitor(s, NULL, 0);
+    return mon;
+}
+
+static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
+{
+    const char *address = a->address;
+    ctl_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        ctl_error_transfer(err, CTL_CAUSE_NOMEM, "%s: out of memory", address);
+        return NULL;
+    }
+    c->addr = a;
     void *s = zmq_socket(p->ctx, ZMQ_DEALER);
     if (!s) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                            "%s: cannot create a socket: %s", address,
                            zmq_strerror(zmq_errno()));
+        free(c);
         return NULL;
     }
-    int zero = 0;
+    int zero = 0, ivl_max = RECONNECT_IVL_MAX_MS;
     int64_t maxmsg = (int64_t)p->opts.max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     if (p->opts.curve_server[0] &&
         (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, p->opts.curve_server, 40) != 0 ||
          zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, p->opts.curve_public, 40) != 0 ||
@@ -176,54 +291,70 @@ static void *dial(ctl_pool *p, const char *address, ctl_error *err)
                            "%s: cannot set CURVE keys: %s", address,
                            zmq_strerror(zmq_errno()));
         zmq_close(s);
+        free(c);
+        return NULL;
+    }
+    c->mon = watch(p, s);
+    if (!c->mon) {
+        ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                           "%s: cannot watch the connection (a socket "
+                           "monitor): %s", address, zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        free(c);
         return NULL;
     }
     if (zmq_connect(s, address) != 0) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT, "%s: cannot connect: %s",
                            address, zmq_strerror(zmq_errno()));
+        zmq_close(c->mon);
+        zmq_socket_monitor(s, NULL, 0);
         zmq_close(s);
+        free(c);
         return NULL;
     }
+    c->sock = s;
+    atomic_fetch_add_explicit(&a->sockets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->counters.sockets_opened, 1,
                               memory_order_relaxed);
-    return s;
+    return c;
 }
 
-void *ctl_pool_lend(ctl_pool *p, const char *address, ctl_error *err)
+ctl_conn *ctl_pool_lend(ctl_pool *p, const char *address, ctl_error *err)
 {
-    void *sock = NULL;
+    ctl_conn *conn = NULL;
     pthread_mutex_lock(&p->mu);
     sweep(p, 0);
-    entry *e = get_entry(p, address, err);
+    ctl_addr *e = get_entry(p, address, err);
     if (e && e->n_idle)
-        sock = e->idle[--e->n_idle];
+        conn = e->idle[--e->n_idle];
     pthread_mutex_unlock(&p->mu);
     if (!e)
         return NULL;
     /* Dialing needs no lock: the new socket is not in the pool yet. */
-    return sock ? sock : dial(p, address, err);
+    return conn ? conn : dial(p, e, err);
 }
 
-void ctl_pool_return(ctl_pool *p, const char *address, void *sock)
+void ctl_pool_return(ctl_pool *p, ctl_conn *conn)
 {
+    ctl_addr *e = conn->addr;
     pthread_mutex_lock(&p->mu);
     sweep(p, 0);
-    entry *e = find_entry(p, address, hash(address));
-    if (e && e->n_idle < p->opts.max_idle_per_address) {
-        e->idle[e->n_idle++] = sock;
-        sock = NULL;
+    if (e->n_idle < p->opts.max_idle_per_address) {
+        e->idle[e->n_idle++] = conn;
+        conn = NULL;
     }
     pthread_mutex_unlock(&p->mu);
-    if (sock)
-        close_socket(p, sock, IDLE_LINGER_MS);
+    if (conn)
+        close_conn(p, conn, IDLE_LINGER_MS);
 }
 
-void ctl_pool_retire(ctl_pool *p, void *sock)
+void ctl_pool_retire(ctl_pool *p, ctl_conn *conn)
 {
     atomic_fetch_add_explicit(&p->counters.sockets_retired, 1,
                               memory_order_relaxed);
+    atomic_fetch_add_explicit(&conn->addr->retired, 1, memory_order_relaxed);
     if (p->opts.late_grace_ms <= 0) {
-        close_socket(p, sock, 0);
+        close_conn(p, conn, 0);
         return;
     }
     pthread_mutex_lock(&p->mu);
@@ -232,18 +363,179 @@ void ctl_pool_retire(ctl_pool *p, void *sock)
         retired old = p->ring[p->ring_head];
         p->ring_head = (p->ring_head + 1) % p->opts.max_retired;
         p->ring_len--;
-        close_socket(p, old.sock, 0);
+        close_conn(p, old.conn, 0);
     }
-    retired r = {sock, ctl_now_ms() + p->opts.late_grace_ms};
+    retired r = {conn, ctl_now_ms() + p->opts.late_grace_ms};
     p->ring[(p->ring_head + p->ring_len) % p->opts.max_retired] = r;
     p->ring_len++;
     pthread_mutex_unlock(&p->mu);
 }
 
-void ctl_pool_count_late(ctl_pool *p)
+/* ---- what the monitor says ------------------------------------------- */
+
+/* Fold one monitor event into the state. ZeroMQ's sequences (libzmq 4.3):
+ *   refused:     CONNECT_DELAYED, CLOSED, CONNECT_RETRIED (every ~100 ms)
+ *   unresolved:  CONNECT_RETRIED alone (no TCP socket was ever opened)
+ *   handshake broken off by the peer (CURVE, wrong server key):
+ *                CONNECTED, HANDSHAKE_FAILED_NO_DETAIL, DISCONNECTED,
+ *                CONNECT_RETRIED
+ *   refused by ZAP / mechanism mismatch: HANDSHAKE_FAILED_AUTH (value: the
+ *                ZAP status) or _PROTOCOL (value: ZMQ_PROTOCOL_ERROR_*),
+ *                DISCONNECTED, and no reconnect
+ *   up:          CONNECTED, HANDSHAKE_SUCCEEDED
+ *   closed by the peer: DISCONNECTED, CONNECT_RETRIED at once (reconnect)
+ *   closed by this side (a message over ZMQ_MAXMSGSIZE, bad framing):
+ *                DISCONNECTED, and no reconnect */
+static void fold(ctl_conn_state *st, unsigned ev, uint32_t value)
 {
-    atomic_fetch_add_explicit(&p->counters.late_replies, 1,
-                              memory_order_relaxed);
+    switch (ev) {
+    case ZMQ_EVENT_CONNECT_DELAYED:
+        st->closed = 0;
+        break;
+    case ZMQ_EVENT_CLOSED:
+        st->closed = 1;
+        break;
+    case ZMQ_EVENT_CONNECT_RETRIED:
+        if (st->after_drop) {
+            /* The reconnect after a drop by the peer: not a failure. */
+            st->after_drop = 0;
+            st->dropped_at = 0;
+        } else {
+            st->fails++;
+            st->fail = st->hs_no_detail ? CTL_CONN_HANDSHAKE
+                       : st->closed     ? CTL_CONN_REFUSED
+                                        : CTL_CONN_UNRESOLVED;
+        }
+        st->closed = st->hs_no_detail = 0;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        st->fails = 0;
+        st->up = 1;
+        st->verdict_event = 0;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        st->hs_no_detail = 1;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        st->verdict_event = (int)ev;
+        st->verdict_value = value;
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        if (st->up) {
+            st->up = 0;
+            st->after_drop = 1;
+            st->dropped_at = 0;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* Fold every event that has arrived on c's monitor into its state. */
+static void drain_monitor(ctl_conn *conn)
+{
+    if (!conn->mon)
+        return;
+    for (;;) {
+        zmq_msg_t frame;
+        /* [event u16 + value u32, endpoint] */
+        int n = ctl_recv_message(conn->mon, &frame, 1, ZMQ_DONTWAIT);
+        if (n < 0)
+            break;
+        if (zmq_msg_size(&frame) >= 6) {
+            const unsigned char *d = zmq_msg_data(&frame);
+            uint16_t ev;
+            uint32_t value;
+            memcpy(&ev, d, sizeof ev);
+            memcpy(&value, d + 2, sizeof value);
+            fold(&conn->st, ev, value);
+        }
+        zmq_msg_close(&frame);
+    }
+}
+
+ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
+{
+    ctl_conn_state *st = &conn->st;
+    if (!conn->mon)
+        return CTL_CONN_OK;
+    drain_monitor(conn);
+    if (st->verdict_event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        return CTL_CONN_DENIED;
+    if (st->verdict_event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        return st->verdict_value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                   ? CTL_CONN_MECHANISM
+               : st->verdict_value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
+                   ? CTL_CONN_HANDSHAKE
+                   : CTL_CONN_PROTOCOL;
+    if (st->fails >= FAILS_TO_END)
+        return (ctl_conn_verdict)st->fail;
+    if (st->after_drop) {
+        if (!st->dropped_at)
+            st->dropped_at = now_ms;
+        else if (now_ms - st->dropped_at >= DROP_SETTLE_MS)
+            return CTL_CONN_DROPPED;
+    }
+    return CTL_CONN_OK;
+}
+
+int ctl_pool_curve(const ctl_pool *p)
+{
+    return p->opts.curve_server[0] != '\0';
+}
+
+/* ---- counters ---------------------------------------------------------- */
+
+void ctl_pool_count_late(ctl_pool *p, ctl_addr *a)
+{
+    count_late(p, a);
+}
+
+void ctl_pool_count_call(ctl_addr *a)
+{
+    atomic_fetch_add_explicit(&a->calls, 1, memory_order_relaxed);
+}
+
+void ctl_pool_count_error(ctl_addr *a, ctl_cause cause)
+{
+    if ((unsigned)cause < CTL_CAUSE_COUNT)
+        atomic_fetch_add_explicit(&a->errors[cause], 1, memory_order_relaxed);
+}
+
+void ctl_pool_address_stats(ctl_pool *p, const char *address,
+                            ctl_address_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!address)
+        return;
+    pthread_mutex_lock(&p->mu);
+    ctl_addr *a = find_entry(p, address, hash(address));
+    pthread_mutex_unlock(&p->mu);
+    if (!a)
+        return;
+    out->calls = atomic_load_explicit(&a->calls, memory_order_relaxed);
+    out->late_replies =
+        atomic_load_explicit(&a->late_replies, memory_order_relaxed);
+    out->sockets = atomic_load_explicit(&a->sockets, memory_order_relaxed);
+    out->retired = atomic_load_explicit(&a->retired, memory_order_relaxed);
+    for (unsigned i = 0; i < CTL_CAUSE_COUNT; i++)
+        out->errors[i] =
+            atomic_load_explicit(&a->errors[i], memory_order_relaxed);
+    out->timeouts = out->errors[CTL_CAUSE_TIMEOUT];
+}
+
+size_t ctl_pool_addresses(ctl_pool *p, const char **out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next, n++)
+            if (out && n < max)
+                out[n] = e->address;
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 const ctl_pool_counters *ctl_pool_counters_get(const ctl_pool *p)
@@ -259,11 +551,11 @@ void ctl_pool_destroy(ctl_pool **pool)
     memset(p->opts.curve_secret, 0, sizeof p->opts.curve_secret);
     sweep(p, 1);
     for (unsigned b = 0; b < BUCKETS; b++) {
-        entry *e = p->buckets[b];
+        ctl_addr *e = p->buckets[b];
         while (e) {
-            entry *next = e->next;
+            ctl_addr *next = e->next;
             for (unsigned i = 0; i < e->n_idle; i++)
-                close_socket(p, e->idle[i], IDLE_LINGER_MS);
+                close_conn(p, e->idle[i], IDLE_LINGER_MS);
             free(e->idle);
             free(e->address);
             free(e);

@@ -2,16 +2,29 @@
  * pool_int.h - the per-address DEALER socket pool (internal).
  *
  * The pool is the only state a client shares between threads, and one mutex
- * guards all of it. A socket is always in exactly one place: lent to one
- * call, idle under its address, or retired. Lending hands out the most
- * recently returned idle socket (LIFO: warm connections, and a notify
- * followed by a call from one thread travel on one connection), or dials a
- * new one. A socket comes back with ctl_pool_return only when its last
- * request got its complete, matching reply; every other ending goes through
- * ctl_pool_retire, which parks the socket for `late_grace_ms` so anything
- * still arriving on it is drained and counted as a late reply, then closes
- * it. Retired sockets are never lent again, which is what keeps a late
- * reply from reaching a later call.
+ * guards all of it. A connection (ctl_conn: a DEALER socket and the monitor
+ * that reports what happens to its connection) is always in exactly one
+ * place: lent to one call, idle under its address, or retired. Lending
+ * hands out the most recently returned idle connection (LIFO: warm
+ * connections, and a notify followed by a call from one thread travel on one
+ * connection), or dials a new one. A connection comes back with
+ * ctl_pool_return only when its last request got its complete, matching
+ * reply; every other ending goes through ctl_pool_retire, which parks it for
+ * `late_grace_ms` so anything still arriving on it is drained and counted as
+ * a late reply, then closes it. Retired connections are never lent again,
+ * which is what keeps a late reply from reaching a later call.
+ *
+ * Each address has an entry (ctl_addr) that lives as long as the pool and
+ * holds the address's own counters (ctl_address_stats).
+ *
+ * Connection failures. ZeroMQ connects in the background and retries for
+ * ever; it reports each step on the socket's monitor (an inproc PAIR per
+ * connection). A call that has waited a while reads those events with
+ * ctl_conn_check, which says whether the connection cannot carry the call:
+ * refused, a host that does not resolve, a failed handshake, or a
+ * connection this side dropped (a reply over the size limit). The rules,
+ * and why they wait for a second failed attempt, are in docs/API.md
+ * ("Failures that end a call early").
  */
 #ifndef CTLRPC_POOL_INT_H
 #define CTLRPC_POOL_INT_H
@@ -23,6 +36,7 @@
 #include "ctlrpc/error.h"
 
 typedef struct ctl_pool ctl_pool;
+typedef struct ctl_addr ctl_addr;
 
 typedef struct ctl_pool_options {
     unsigned max_idle_per_address;
@@ -43,25 +57,86 @@ typedef struct ctl_pool_counters {
     _Atomic uint64_t sockets_closed;
 } ctl_pool_counters;
 
+/* What the monitor of a connection has said so far. Touched only by the
+ * thread holding the connection. */
+typedef struct ctl_conn_state {
+    int fails;          /* failed connection attempts in a row */
+    int fail;           /* the last one's ctl_conn_verdict */
+    int hs_no_detail;   /* this attempt's handshake broke off */
+    int closed;         /* this attempt's TCP socket closed unconnected */
+    int up;             /* a handshake succeeded and no drop since */
+    int after_drop;     /* a drop was seen: the next RETRIED is the reconnect */
+    int64_t dropped_at; /* the check that first saw a drop not followed by
+                           a reconnect (0: none) */
+    int verdict_event;  /* a handshake failure that ends calls at once
+                           (ZMQ_EVENT_HANDSHAKE_FAILED_*), or 0 */
+    uint32_t verdict_value; /* its value: ZAP status or protocol error */
+} ctl_conn_state;
+
+/* A lent connection. `sock` is the DEALER; the rest is the pool's. */
+typedef struct ctl_conn {
+    void *sock;
+    void *mon;      /* PAIR receiving the monitor's events; NULL if none */
+    ctl_addr *addr; /* the address it is connected to */
+    ctl_conn_state st;
+} ctl_conn;
+
+/* What ctl_conn_check found. */
+typedef enum ctl_conn_verdict {
+    CTL_CONN_OK,         /* nothing that ends a call */
+    CTL_CONN_REFUSED,    /* two attempts in a row refused (or unreachable) */
+    CTL_CONN_UNRESOLVED, /* two attempts in a row could not start: the host
+                            does not resolve */
+    CTL_CONN_HANDSHAKE,  /* two handshakes in a row broke off (a CURVE
+                            client: the unit did not accept its keys) */
+    CTL_CONN_DENIED,     /* the unit's allowlist refused this client's key */
+    CTL_CONN_MECHANISM,  /* one side speaks CURVE, the other does not */
+    CTL_CONN_PROTOCOL,   /* another handshake protocol error */
+    CTL_CONN_DROPPED     /* this side closed the connection after it was up:
+                            a message larger than max_msg_bytes */
+} ctl_conn_verdict;
+
 /* A pool over ZeroMQ context `ctx` (borrowed). NULL when out of memory. */
 ctl_pool *ctl_pool_new(void *ctx, const ctl_pool_options *opts);
 
 /* Close every socket (idle ones with a short linger) and free the pool. */
 void ctl_pool_destroy(ctl_pool **pool);
 
-/* Lend a DEALER socket connected to `address`. Returns NULL with `err` set
- * (CTL_INVALID for a bad address, CTL_TRANSFER otherwise). */
-void *ctl_pool_lend(ctl_pool *pool, const char *address, ctl_error *err);
+/* The entry of `address` (created and validated on first use; it lives as
+ * long as the pool). NULL with `err` set (CTL_INVALID for a bad address,
+ * CTL_TRANSFER / NOMEM). */
+ctl_addr *ctl_pool_addr(ctl_pool *pool, const char *address, ctl_error *err);
 
-/* Give back a socket whose last request completed cleanly. */
-void ctl_pool_return(ctl_pool *pool, const char *address, void *sock);
+/* Lend a connection to `address`. Returns NULL with `err` set (CTL_INVALID
+ * for a bad address, CTL_TRANSFER otherwise). */
+ctl_conn *ctl_pool_lend(ctl_pool *pool, const char *address, ctl_error *err);
 
-/* Take a socket out of use for good (after a timeout, a mismatched reply, a
- * failure). */
-void ctl_pool_retire(ctl_pool *pool, void *sock);
+/* Give back a connection whose last request completed cleanly. */
+void ctl_pool_return(ctl_pool *pool, ctl_conn *conn);
 
-/* Count one late or mismatched reply seen by a call. */
-void ctl_pool_count_late(ctl_pool *pool);
+/* Take a connection out of use for good (after a timeout, a mismatched
+ * reply, a failure). */
+void ctl_pool_retire(ctl_pool *pool, ctl_conn *conn);
+
+/* Read the monitor events that have arrived for `conn` (never blocks) and
+ * say whether its connection can still carry a call. `now_ms` is the
+ * monotonic time of the check. */
+ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms);
+
+/* Whether the pool's sockets speak CURVE. */
+int ctl_pool_curve(const ctl_pool *pool);
+
+/* Per-address counting (the address's counters and the client's). */
+void ctl_pool_count_late(ctl_pool *pool, ctl_addr *addr);
+void ctl_pool_count_call(ctl_addr *addr);
+void ctl_pool_count_error(ctl_addr *addr, ctl_cause cause);
+
+/* The counters of `address`, all zero when the pool has never dialed it. */
+void ctl_pool_address_stats(ctl_pool *pool, const char *address,
+                            ctl_address_stats *out);
+/* Up to `max` addresses the pool knows (borrowed: valid until the pool is
+ * destroyed); returns how many it knows. */
+size_t ctl_pool_addresses(ctl_pool *pool, const char **out, size_t max);
 
 const ctl_pool_counters *ctl_pool_counters_get(const ctl_pool *pool);
 

@@ -364,16 +364,30 @@ static void test_call_reply_over_client_limits(void **state)
 
 /* ---- timeouts and late replies ------------------------------------------------------ */
 
-static void test_timeout_to_dead_address(void **state)
+/* A fake unit that takes requests and never answers. */
+static void fake_silent(tu_fake *fk, const tu_fake_req *req, void *user)
+{
+    (void)fk;
+    (void)req;
+    (void)user;
+}
+
+static const char *start_silent(fx *f)
+{
+    assert_int_equal(tu_fake_start(&f->fake, fake_silent, NULL), 0);
+    snprintf(f->fake_addr, sizeof f->fake_addr, "%s", tu_fake_endpoint(f->fake));
+    return f->fake_addr;
+}
+
+static void test_timeout_to_silent_unit(void **state)
 {
     fx *f = *state;
-    char dead[64];
-    tu_dead_address(dead, sizeof dead);
+    const char *silent = start_silent(f);
     int64_t t0 = tu_now_ms();
-    assert_int_equal(call(f, dead, "echo", 300), CTL_TRANSFER);
+    assert_int_equal(call(f, silent, "echo", 300), CTL_TRANSFER);
     int64_t took = tu_now_ms() - t0;
     assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
-    assert_msg_names(&f->err, dead, "echo");
+    assert_msg_names(&f->err, silent, "echo");
     if (took < 250 || took > 1300)
         fail_msg("300 ms deadline took %lld ms", (long long)took);
     ctl_client_stats st;
@@ -386,19 +400,283 @@ static void test_default_timeout_applies(void **state)
     fx *f = *state;
     ctl_client_options o;
     ctl_client *c = NULL;
-    char dead[64];
-    tu_dead_address(dead, sizeof dead);
+    const char *silent = start_silent(f);
     ctl_client_options_init(&o);
     o.default_timeout_ms = 300;
     assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
     int64_t t0 = tu_now_ms();
-    int rc = ctl_client_call(c, dead, "echo", NULL, 0, -1, &f->reply, &f->err);
+    int rc = ctl_client_call(c, silent, "echo", NULL, 0, -1, &f->reply, &f->err);
     int64_t took = tu_now_ms() - t0;
     ctl_client_destroy(&c);
     assert_int_equal(rc, CTL_TRANSFER);
     assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
     if (took < 250 || took > 1300)
         fail_msg("default 300 ms deadline took %lld ms", (long long)took);
+}
+
+/* A zero timeout leaves no time for a reply: nothing is sent, and the call
+ * says so at once. A negative one is the client's default. */
+static void test_timeout_zero_sends_nothing(void **state)
+{
+    fx *f = *state;
+    const char *silent = start_silent(f);
+    int64_t t0 = tu_now_ms();
+    assert_int_equal(call(f, silent, "echo", 0), CTL_TRANSFER);
+    assert_true(tu_now_ms() - t0 < 1000);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
+    assert_msg_names(&f->err, silent, "echo");
+    assert_non_null(strstr(f->err.msg, "nothing was sent"));
+
+    ctl_target t[2] = {{silent, NULL, 0}, {f->unit.endpoint, NULL, 0}};
+    ctl_outcome out[2];
+    assert_int_equal(ctl_client_call_many(f->client, "echo", t, 2, 0, out), 2);
+    assert_int_equal(out[0].error.cause, CTL_CAUSE_TIMEOUT);
+    assert_int_equal(out[1].error.cause, CTL_CAUSE_TIMEOUT);
+    ctl_outcomes_fini(out, 2);
+
+    /* The unit and the fake saw nothing; no socket was opened. */
+    tu_sleep_ms(100);
+    assert_int_equal(tu_fake_seen(f->fake), 0);
+    assert_int_equal(atomic_load(&f->unit.calls), 0);
+    ctl_client_stats st;
+    ctl_client_stats_get(f->client, &st);
+    assert_int_equal(st.calls, 0);
+    assert_int_equal(st.sockets_opened, 0);
+    assert_int_equal(st.timeouts, 3);
+    ctl_address_stats as;
+    ctl_client_address_stats(f->client, silent, &as);
+    assert_int_equal(as.calls, 0);
+    assert_int_equal(as.timeouts, 2);
+    assert_int_equal(as.errors[CTL_CAUSE_TIMEOUT], 2);
+
+    /* A client whose default is 0 takes the library's default. */
+    ctl_client_options o;
+    ctl_client *c = NULL;
+    ctl_client_options_init(&o);
+    o.default_timeout_ms = 0;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, -1,
+                                     &f->reply, &f->err), 0);
+    ctl_client_destroy(&c);
+    o.default_timeout_ms = -5;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), CTL_INVALID);
+    assert_null(c);
+}
+
+/* ---- failures that end a call early ------------------------------------------------- */
+
+#define LONG_MS 30000 /* a deadline the call must not wait for */
+#define EARLY_MS 5000 /* "well before the deadline", generous for a loaded machine */
+
+static void test_refused_fails_fast(void **state)
+{
+    fx *f = *state;
+    char dead[64];
+    tu_dead_address(dead, sizeof dead);
+    int64_t t0 = tu_now_ms();
+    assert_int_equal(call(f, dead, "put", LONG_MS), CTL_TRANSFER);
+    int64_t took = tu_now_ms() - t0;
+    printf("refused: failed after %lld ms\n", (long long)took);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REFUSED);
+    assert_msg_names(&f->err, dead, "put");
+    assert_non_null(strstr(f->err.msg, "connection refused"));
+    if (took > EARLY_MS)
+        fail_msg("a refused connection took %lld ms to fail", (long long)took);
+    ctl_address_stats as;
+    ctl_client_address_stats(f->client, dead, &as);
+    assert_int_equal(as.calls, 1);
+    assert_int_equal(as.errors[CTL_CAUSE_REFUSED], 1);
+    assert_int_equal(as.timeouts, 0);
+    assert_int_equal(as.retired, 1);
+    ctl_client_stats st;
+    ctl_client_stats_get(f->client, &st);
+    assert_int_equal(st.timeouts, 0);
+}
+
+static void test_unresolved_fails_fast(void **state)
+{
+    fx *f = *state;
+    const char *addr = "tcp://nosuchhost.invalid:5999";
+    int64_t t0 = tu_now_ms();
+    assert_int_equal(call(f, addr, "get", LONG_MS), CTL_TRANSFER);
+    int64_t took = tu_now_ms() - t0;
+    printf("unresolved: failed after %lld ms: %s\n", (long long)took, f->err.msg);
+    assert_int_equal(f->err.cause, CTL_CAUSE_UNRESOLVED);
+    assert_msg_names(&f->err, addr, "get");
+    assert_non_null(strstr(f->err.msg, "host 'nosuchhost.invalid' does not resolve"));
+    if (took > EARLY_MS)
+        fail_msg("an unresolvable host took %lld ms to fail", (long long)took);
+    ctl_address_stats as;
+    ctl_client_address_stats(f->client, addr, &as);
+    assert_int_equal(as.errors[CTL_CAUSE_UNRESOLVED], 1);
+}
+
+/* A unit that is back is served again: the failure is not remembered. */
+static void test_refused_then_listening(void **state)
+{
+    fx *f = *state;
+    char dead[64];
+    tu_dead_address(dead, sizeof dead);
+    assert_int_equal(call(f, dead, "echo", LONG_MS), CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_REFUSED);
+    ctl_server_options so;
+    ctl_server_options_init(&so);
+    so.endpoint = dead;
+    tu_unit *u = &f->extra[f->n_extra];
+    if (tu_unit_start(u, &so, &f->err) != 0)
+        skip(); /* the port was taken meanwhile */
+    f->n_extra++;
+    assert_int_equal(call(f, dead, "echo", CALL_MS), 0);
+}
+
+static void test_call_many_refused_returns_early(void **state)
+{
+    fx *f = *state;
+    enum { N = 4 };
+    char dead[64];
+    tu_dead_address(dead, sizeof dead);
+    ctl_target t[N] = {{f->unit.endpoint, NULL, 0},
+                       {dead, NULL, 0},
+                       {start_extra(f), NULL, 0},
+                       {f->unit.endpoint, NULL, 0}};
+    ctl_outcome out[N];
+    int64_t t0 = tu_now_ms();
+    int failed = ctl_client_call_many(f->client, "echo", t, N, LONG_MS, out);
+    int64_t took = tu_now_ms() - t0;
+    printf("call_many with a refused target: ended after %lld ms\n", (long long)took);
+    ctl_kind k[N];
+    for (int i = 0; i < N; i++)
+        k[i] = out[i].error.kind;
+    ctl_cause cause = out[1].error.cause;
+    bool named = out[1].error.msg && strstr(out[1].error.msg, dead);
+    ctl_outcomes_fini(out, N);
+    assert_int_equal(failed, 1);
+    assert_int_equal(k[0], CTL_OK);
+    assert_int_equal(k[2], CTL_OK);
+    assert_int_equal(k[3], CTL_OK);
+    assert_int_equal(k[1], CTL_TRANSFER);
+    assert_int_equal(cause, CTL_CAUSE_REFUSED);
+    assert_true(named);
+    if (took > EARLY_MS)
+        fail_msg("a batch with a refused target took %lld ms", (long long)took);
+}
+
+typedef struct log_lines {
+    int n;
+    char last[512];
+} log_lines;
+
+static void keep_log(void *user, const char *line)
+{
+    log_lines *l = user;
+    l->n++;
+    snprintf(l->last, sizeof l->last, "%s", line);
+}
+
+static void test_oversize_request_not_sent(void **state)
+{
+    fx *f = *state;
+    log_lines logged = {0, ""};
+    ctl_client_options o;
+    ctl_client *c = NULL;
+    ctl_client_options_init(&o);
+    o.limits.max_msg_bytes = 1024;
+    o.log = keep_log;
+    o.log_user = &logged;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    const char *silent = start_silent(f);
+    static unsigned char big[4096];
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "data");
+    msgpack_pack_bin(&f->args.pk, sizeof big);
+    msgpack_pack_bin_body(&f->args.pk, big, sizeof big);
+    int rc = ctl_client_call(c, silent, "put", f->args.sb.data, f->args.sb.size,
+                             LONG_MS, &f->reply, &f->err);
+    assert_int_equal(rc, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TOO_LARGE);
+    assert_msg_names(&f->err, silent, "put");
+    assert_non_null(strstr(f->err.msg, "limit of 1024 bytes"));
+    assert_non_null(strstr(f->err.msg, "not sent"));
+    rc = ctl_client_notify(c, silent, "note", f->args.sb.data, f->args.sb.size, &f->err);
+    assert_int_equal(rc, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TOO_LARGE);
+    assert_int_equal(logged.n, 2);
+    assert_non_null(strstr(logged.last, "limit of 1024 bytes"));
+    ctl_address_stats as;
+    ctl_client_address_stats(c, silent, &as);
+    ctl_client_stats st;
+    ctl_client_stats_get(c, &st);
+    ctl_client_destroy(&c);
+    tu_sleep_ms(100);
+    assert_int_equal(tu_fake_seen(f->fake), 0);
+    assert_int_equal(as.calls, 0);
+    assert_int_equal(as.errors[CTL_CAUSE_TOO_LARGE], 2);
+    assert_int_equal(st.sockets_opened, 0);
+}
+
+static void test_oversize_reply_dropped(void **state)
+{
+    fx *f = *state;
+    log_lines logged = {0, ""};
+    ctl_client_options o;
+    ctl_client *c = NULL;
+    ctl_client_options_init(&o);
+    o.limits.max_msg_bytes = 4096;
+    o.log = keep_log;
+    o.log_user = &logged;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    /* A small call first: the connection is up and fine. */
+    assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, CALL_MS,
+                                     &f->reply, &f->err), 0);
+    ctl_reply_destroy(&f->reply);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "n");
+    msgpack_pack_int(&f->args.pk, 64 * 1024);
+    int64_t t0 = tu_now_ms();
+    int rc = ctl_client_call(c, f->unit.endpoint, "alloc", f->args.sb.data,
+                             f->args.sb.size, LONG_MS, &f->reply, &f->err);
+    int64_t took = tu_now_ms() - t0;
+    printf("oversize reply: failed after %lld ms: %s\n", (long long)took,
+           f->err.msg ? f->err.msg : "");
+    ctl_address_stats as;
+    ctl_client_address_stats(c, f->unit.endpoint, &as);
+    ctl_client_destroy(&c);
+    assert_int_equal(rc, CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TOO_LARGE);
+    assert_msg_names(&f->err, f->unit.endpoint, "alloc");
+    assert_non_null(strstr(f->err.msg, "limit of 4096 bytes"));
+    if (took > EARLY_MS)
+        fail_msg("a reply over the limit took %lld ms to fail", (long long)took);
+    assert_int_equal(logged.n, 1);
+    assert_int_equal(as.errors[CTL_CAUSE_TOO_LARGE], 1);
+    assert_int_equal(as.calls, 2);
+}
+
+static void test_address_stats(void **state)
+{
+    fx *f = *state;
+    const char *other = start_extra(f);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(call(f, f->unit.endpoint, "echo", CALL_MS), 0);
+    assert_int_equal(call(f, other, "echo", CALL_MS), 0);
+    ctl_address_stats a, b, none;
+    ctl_client_address_stats(f->client, f->unit.endpoint, &a);
+    ctl_client_address_stats(f->client, other, &b);
+    ctl_client_address_stats(f->client, "tcp://127.0.0.1:1", &none);
+    assert_int_equal(a.calls, 3);
+    assert_int_equal(a.sockets, 1);
+    assert_int_equal(a.retired, 0);
+    assert_int_equal(a.timeouts, 0);
+    assert_int_equal(a.late_replies, 0);
+    assert_int_equal(b.calls, 1);
+    assert_int_equal(b.sockets, 1);
+    assert_int_equal(none.calls, 0);
+    assert_int_equal(none.sockets, 0);
+    const char *addrs[4] = {NULL};
+    assert_int_equal(ctl_client_addresses(f->client, addrs, 4), 2);
+    assert_true((strcmp(addrs[0], f->unit.endpoint) == 0 && strcmp(addrs[1], other) == 0) ||
+                (strcmp(addrs[1], f->unit.endpoint) == 0 && strcmp(addrs[0], other) == 0));
+    assert_int_equal(ctl_client_addresses(f->client, NULL, 0), 2);
 }
 
 static void test_timeout_then_late_reply(void **state)
@@ -429,6 +707,15 @@ static void test_timeout_then_late_reply(void **state)
     assert_true(st.late_replies >= 1);
     assert_true(st.sockets_retired >= 1);
     assert_true(st.sockets_opened >= 2);
+    /* The same, counted for the address. */
+    ctl_address_stats as;
+    ctl_client_address_stats(f->client, f->unit.endpoint, &as);
+    assert_int_equal(as.calls, 2);
+    assert_int_equal(as.timeouts, 1);
+    assert_int_equal(as.errors[CTL_CAUSE_TIMEOUT], 1);
+    assert_int_equal(as.late_replies, st.late_replies);
+    assert_int_equal(as.retired, 1);
+    assert_int_equal(as.sockets, st.sockets_opened - st.sockets_closed);
 }
 
 /* ---- the fake unit ------------------------------------------------------------------ */
@@ -783,7 +1070,9 @@ static void test_call_many_slow_dead_and_healthy(void **state)
         if (bad) {
             assert_null(out[i].reply);
             assert_int_equal(out[i].error.kind, CTL_TRANSFER);
-            assert_int_equal(out[i].error.cause, CTL_CAUSE_TIMEOUT);
+            /* The slow one times out; the dead one is refused. */
+            assert_int_equal(out[i].error.cause,
+                             i == 2 ? CTL_CAUSE_TIMEOUT : CTL_CAUSE_REFUSED);
             assert_msg_names(&out[i].error, addr[i], "sleep");
         } else {
             if (out[i].reply == NULL)
@@ -1121,8 +1410,16 @@ int main(void)
         T(test_call_unknown_op),
         T(test_call_args_not_a_map),
         T(test_call_reply_over_client_limits),
-        T(test_timeout_to_dead_address),
+        T(test_timeout_to_silent_unit),
         T(test_default_timeout_applies),
+        T(test_timeout_zero_sends_nothing),
+        T(test_refused_fails_fast),
+        T(test_unresolved_fails_fast),
+        T(test_refused_then_listening),
+        T(test_call_many_refused_returns_early),
+        T(test_oversize_request_not_sent),
+        T(test_oversize_reply_dropped),
+        T(test_address_stats),
         T(test_timeout_then_late_reply),
         T(test_fake_wrong_id_then_right),
         T(test_fake_unknown_kind),

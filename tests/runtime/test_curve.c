@@ -2,9 +2,9 @@
  * test_curve.c - CURVE encryption and authentication (ctlrpc/curve.h).
  *
  * A unit with a secret key serves only clients that know its public key;
- * with an allowlist, only listed clients. Everyone else gets nothing (their
- * handshake never completes, so their calls time out) while the unit keeps
- * serving the others. Key files: written with the right modes, a secret
+ * with an allowlist, only listed clients. Everyone else fails its handshake
+ * and is told so well before its deadline (CTL_CAUSE_AUTH), while the unit
+ * keeps serving the others. Key files: written with the right modes, a secret
  * key readable by others refused, malformed keys refused with the file
  * named.
  */
@@ -23,7 +23,8 @@
 
 #include "testutil.h"
 
-#define SHORT_MS 400 /* calls expected to get nothing */
+#define LONG_MS 30000 /* deadline of calls whose handshake must fail */
+#define EARLY_MS 5000 /* they must fail well before it (a loaded machine) */
 #define CALL_MS 5000
 
 typedef struct fx {
@@ -102,16 +103,32 @@ static void test_right_server_key_works(void **state)
     assert_int_equal(call_as(f, f->unit_pub, f->alice_sec, CALL_MS), 0);
 }
 
-static void test_strangers_get_nothing(void **state)
+/* A call whose handshake must fail: an authentication failure, named,
+ * well before the deadline. */
+static void expect_auth_failure(fx *f, const char *server_key, const char *secret,
+                                const char *says)
+{
+    int64_t t0 = tu_now_ms();
+    assert_int_equal(call_as(f, server_key, secret, LONG_MS), CTL_TRANSFER);
+    int64_t took = tu_now_ms() - t0;
+    printf("auth failure after %lld ms: %s\n", (long long)took, f->err.msg);
+    assert_int_equal(f->err.cause, CTL_CAUSE_AUTH);
+    assert_non_null(strstr(f->err.msg, "authentication failed"));
+    assert_non_null(strstr(f->err.msg, f->unit.endpoint));
+    if (strstr(f->err.msg, says) == NULL)
+        fail_msg("\"%s\" does not say \"%s\"", f->err.msg, says);
+    if (took > EARLY_MS)
+        fail_msg("a failed handshake took %lld ms to report", (long long)took);
+}
+
+static void test_strangers_are_told(void **state)
 {
     fx *f = *state;
     start_unit(f, NULL, 0);
     /* No keys at all: a plain client cannot talk to a CURVE unit. */
-    assert_int_equal(call_as(f, NULL, NULL, SHORT_MS), CTL_TRANSFER);
-    assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
-    /* The wrong server key: the handshake fails. */
-    assert_int_equal(call_as(f, f->bob_pub, NULL, SHORT_MS), CTL_TRANSFER);
-    assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
+    expect_auth_failure(f, NULL, NULL, "no server key");
+    /* The wrong server key: the unit cannot read the client's hello. */
+    expect_auth_failure(f, f->bob_pub, NULL, "wrong server key");
     /* The unit saw no request from either, and still serves. */
     ctl_server_stats st;
     ctl_server_stats_get(f->unit.server, &st);
@@ -126,16 +143,23 @@ static void test_allowlist(void **state)
     start_unit(f, allow, 1);
     assert_int_equal(call_as(f, f->unit_pub, f->alice_sec, CALL_MS), 0);
     /* Bob knows the unit's key but is not on the list. */
-    assert_int_equal(call_as(f, f->unit_pub, f->bob_sec, SHORT_MS), CTL_TRANSFER);
-    assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
+    expect_auth_failure(f, f->unit_pub, f->bob_sec, "not on its allowlist");
     /* An ephemeral key is not on the list either. */
-    assert_int_equal(call_as(f, f->unit_pub, NULL, SHORT_MS), CTL_TRANSFER);
+    expect_auth_failure(f, f->unit_pub, NULL, "not on its allowlist");
     ctl_server_stats st;
     ctl_server_stats_get(f->unit.server, &st);
     assert_true(st.auth_denied >= 2);
     assert_int_equal(st.requests, 1);
     /* Alice is still served after the refusals. */
     assert_int_equal(call_as(f, f->unit_pub, f->alice_sec, CALL_MS), 0);
+}
+
+/* A CURVE client calling a plaintext unit is told, too. */
+static void test_curve_client_plain_unit(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(tu_unit_start(&f->unit, NULL, &f->err), 0);
+    expect_auth_failure(f, f->unit_pub, NULL, "does not speak CURVE");
 }
 
 static void test_bad_keys_refused(void **state)
@@ -247,7 +271,8 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_right_server_key_works),
-        T(test_strangers_get_nothing),
+        T(test_strangers_are_told),
+        T(test_curve_client_plain_unit),
         T(test_allowlist),
         T(test_bad_keys_refused),
         T(test_key_files),

@@ -18,9 +18,13 @@
  *
  * Errors (ctl_error): CTL_UNIT_FULL, CTL_BUSY (reason), CTL_MISSING (blobs)
  * as the unit raised them; CTL_TRANSFER for a remote Protocol error or an
- * unknown kind (cause CTL_CAUSE_REMOTE), a timeout, a transport failure or
- * an undecodable reply; CTL_INVALID for unusable arguments. Every message
- * names the address and the op.
+ * unknown kind (cause CTL_CAUSE_REMOTE), a timeout, a transport failure, an
+ * undecodable reply, and the failures a call sees before its deadline:
+ * connection refused, a host that does not resolve, a CURVE handshake
+ * the unit did not accept, a message over the size limit (causes REFUSED,
+ * UNRESOLVED, AUTH, TOO_LARGE; docs/API.md, "Failures that end a call
+ * early"); CTL_INVALID for unusable arguments. Every message names the
+ * address and the op.
  *
  * Threading: a client may be shared by any number of threads; every
  * function except ctl_client_destroy is thread-safe. Destroy it only after
@@ -54,7 +58,7 @@ typedef struct ctl_reply ctl_reply;
 
 typedef struct ctl_client_options {
     /* Deadline used when a call passes timeout_ms < 0, and for notify's
-     * send. Default CTL_DEFAULT_TIMEOUT_MS. */
+     * send. 0 or default: CTL_DEFAULT_TIMEOUT_MS; negative is CTL_INVALID. */
     int default_timeout_ms;
     /* How long a retired socket is kept to drain and count late replies
      * before it is closed. Default CTL_DEFAULT_LATE_GRACE_MS. 0 closes at
@@ -79,6 +83,12 @@ typedef struct ctl_client_options {
      * allowlist. NULL with a server key: a fresh key pair is made for the
      * client's life. */
     const char *curve_secret_key;
+    /* Where the client logs the rare events it must not keep to itself (a
+     * request refused or a reply dropped for its size): one line, without
+     * a newline, per event. Called on the calling thread. NULL: standard
+     * error, prefixed "ctlrpc client: ". */
+    void (*log)(void *log_user, const char *line);
+    void *log_user;
 } ctl_client_options;
 
 /* Set `opts` to the defaults. */
@@ -97,10 +107,22 @@ CTL_API void ctl_client_destroy(ctl_client **client);
 
 /*
  * Request/reply: send [op, id, args] to `address` ("tcp://host:port") and
- * wait up to `timeout_ms` (< 0: the client's default) for the reply with
- * that id. `args`/`args_len` are the packed bytes of one msgpack map (copied;
- * the caller keeps them); NULL with length 0 sends an empty map;
- * NULL with a non-zero length is CTL_INVALID.
+ * wait up to `timeout_ms` for the reply with that id. `args`/`args_len` are
+ * the packed bytes of one msgpack map (copied; the caller keeps them); NULL
+ * with length 0 sends an empty map; NULL with a non-zero length is
+ * CTL_INVALID.
+ *
+ * timeout_ms: > 0 the deadline; < 0 the client's default_timeout_ms; 0 no
+ * time at all: the call fails at once with CTL_TRANSFER / CTL_CAUSE_TIMEOUT
+ * and nothing is sent (a caller's budget that has run out). A call that
+ * timed out after sending may still have run on the unit.
+ *
+ * A request larger than the client's limits.max_msg_bytes is not sent:
+ * CTL_TRANSFER / CTL_CAUSE_TOO_LARGE. While waiting, the call watches its
+ * connection and ends before its deadline when it cannot be answered:
+ * connection refused (CTL_CAUSE_REFUSED), host that does not resolve
+ * (CTL_CAUSE_UNRESOLVED), CURVE handshake not accepted (CTL_CAUSE_AUTH), a
+ * reply over the size limit (CTL_CAUSE_TOO_LARGE); see docs/API.md.
  *
  * On success returns 0 and stores the reply in *reply (caller owns: free it
  * with ctl_reply_destroy). On failure returns the negative kind, fills `err`
@@ -141,7 +163,10 @@ typedef struct ctl_outcome {
 /*
  * Fan-out: send `op` to every target before reading any reply, then collect
  * replies until they are all in or the one deadline for the whole batch
- * (`timeout_ms`, < 0: the client's default) passes. `outcomes` has
+ * (`timeout_ms`, < 0: the client's default) passes; with 0, every target
+ * fails at once with a timeout and nothing is sent. A target whose
+ * connection is refused, whose host does not resolve or whose handshake
+ * fails ends early (as ctl_client_call). `outcomes` has
  * `count` entries, which this function initialises (their previous contents
  * are ignored); release them with ctl_outcomes_fini. One target's failure
  * does not affect the others.
@@ -187,6 +212,31 @@ typedef struct ctl_client_stats {
 } ctl_client_stats;
 
 CTL_API void ctl_client_stats_get(const ctl_client *client, ctl_client_stats *out);
+
+/* The counters of one address (each exact; the set is not a snapshot).
+ * Named as the Python client names them (docs/API.md, "Counters"). */
+typedef struct ctl_address_stats {
+    uint64_t calls;        /* requests sent expecting a reply */
+    uint64_t timeouts;     /* calls that ended without a reply in time */
+    uint64_t late_replies; /* replies that came after their call ended, or
+                              carried another id */
+    uint64_t sockets;      /* sockets open now (lent, idle or retired) */
+    uint64_t retired;      /* sockets closed after a timeout, a mismatched
+                              reply or a failure */
+    /* Calls that ended in CTL_TRANSFER, by cause (indexed by ctl_cause;
+     * errors[CTL_CAUSE_TIMEOUT] == timeouts). */
+    uint64_t errors[CTL_CAUSE_COUNT];
+} ctl_address_stats;
+
+/* The counters of `address` (as the caller spells it; every spelling is its
+ * own entry). All zero for an address the client has not called. */
+CTL_API void ctl_client_address_stats(ctl_client *client, const char *address,
+                                      ctl_address_stats *out);
+
+/* The addresses the client has called: up to `max` pointers into `out`
+ * (borrowed: valid until ctl_client_destroy). Returns how many there are,
+ * which may exceed `max`. */
+CTL_API size_t ctl_client_addresses(ctl_client *client, const char **out, size_t max);
 
 #ifdef __cplusplus
 }

@@ -6,11 +6,12 @@
  * to its clients: a unit started with a secret key (ctl_server_options.
  * curve_secret_key) serves only clients that know its public key
  * (ctl_client_options.curve_server_key); others never complete the
- * handshake, so their calls time out and the unit sees nothing of them.
- * Given an allowlist of client public keys (curve_allow), the unit also
- * authenticates its clients, through a ZAP handler it runs on its own
- * thread: a client whose key is not listed is refused during the
- * handshake and counted (ctl_server_stats.auth_denied).
+ * handshake: their calls fail with CTL_CAUSE_AUTH within a few hundred
+ * milliseconds, and the unit sees nothing of them. Given an allowlist of
+ * client public keys (curve_allow), the unit also authenticates its
+ * clients, through a ZAP handler it runs on its own thread: a client whose
+ * key is not listed is refused during the handshake, counted
+ * (ctl_server_stats.auth_denied) and logged (one line on standard error).
  *
  * Keys are 40-character Z85 strings (32 bytes). Key files hold one key as
  * text; a secret key file must not be readable by its group or others

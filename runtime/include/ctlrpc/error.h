@@ -67,19 +67,27 @@ typedef enum ctl_kind {
 #undef CTL_KIND_ENUM_
 } ctl_kind;
 
-/* Why a call ended in CTL_TRANSFER. */
+/* Why a call ended in CTL_TRANSFER. REFUSED, UNRESOLVED and AUTH are found
+ * while a call waits, from the events of its socket's connection, and end
+ * the call well before its deadline (docs/API.md, "Failures that end a call
+ * early"); TRANSPORT is any other failure of the transport. */
 #define CTL_CAUSE_MAP(X)                                                      \
     X(NONE, "none", "no transfer failure")                                    \
     X(REMOTE, "remote", "the unit answered with a Protocol error")            \
     X(TIMEOUT, "timeout", "no complete reply within the deadline")            \
     X(TRANSPORT, "transport", "the transport failed")                         \
     X(BAD_REPLY, "bad-reply", "the reply could not be decoded")               \
-    X(NOMEM, "nomem", "out of memory")
+    X(NOMEM, "nomem", "out of memory")                                        \
+    X(REFUSED, "refused", "the connection was refused (nothing listens)")     \
+    X(UNRESOLVED, "unresolved", "the unit's host name does not resolve")      \
+    X(AUTH, "auth", "the CURVE handshake failed (keys or allowlist)")         \
+    X(TOO_LARGE, "too-large", "a message was larger than the size limit")
 
 typedef enum ctl_cause {
 #define CTL_CAUSE_ENUM_(name, str, desc) CTL_CAUSE_##name,
     CTL_CAUSE_MAP(CTL_CAUSE_ENUM_)
 #undef CTL_CAUSE_ENUM_
+    CTL_CAUSE_COUNT /* the number of causes (not a cause) */
 } ctl_cause;
 
 /* The name of a kind as it travels on the wire ("UnitFull", ...), or
