@@ -157,12 +157,19 @@ def main() -> int:
         timed(loop.describe, opts.calls // 4 + 1, [])
         gen_ns: List[int] = []
         min_ns: List[int] = []
+        round_ratios: List[float] = []
         for r in range(opts.rounds):
-            first, second = ((gen_call, gen_ns), (loop.describe, min_ns))[::1 if r % 2 else -1]
+            g: List[int] = []
+            m: List[int] = []
+            first, second = ((gen_call, g), (loop.describe, m))[::1 if r % 2 else -1]
             timed(first[0], opts.calls, first[1])
             timed(second[0], opts.calls, second[1])
+            round_ratios.append(pct(sorted(g), .5) / pct(sorted(m), .5))
+            gen_ns += g
+            min_ns += m
         gen_ns.sort()
         min_ns.sort()
+        round_ratios.sort()
 
         shared = storage_ctl.Client(timeout=10.0)
 
@@ -204,6 +211,9 @@ def main() -> int:
     print(f"  {'generated client (storage_ctl)':34} {g50:9.1f} {g99:9.1f}")
     print(f"  {'minimal pyzmq + msgpack loop':34} {m50:9.1f} {m99:9.1f}")
     print(f"  {'ratio':34} {g50 / m50:8.2f}x {g99 / m99:8.2f}x")
+    print(f"  {'ratio of p50s, median of rounds':34} "
+          f"{round_ratios[len(round_ratios) // 2]:8.2f}x   (rounds: "
+          f"{round_ratios[0]:.2f}x to {round_ratios[-1]:.2f}x)")
     print(f"throughput, {opts.threads} threads, median of {tp_rounds // 2} rounds of "
           f"{opts.seconds:g} s each side:")
     print(f"  {'generated client, one shared':34} {gtp:9.0f} calls/s")
