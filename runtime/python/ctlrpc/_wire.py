@@ -296,6 +296,24 @@ _CONTAINER_HEADS = bytes(range(0x80, 0xA0)) + bytes((0xDC, 0xDD, 0xDE, 0xDF))
 _NOT_CONTAINER_HEADS = bytes(b for b in range(256) if b not in _CONTAINER_HEADS)
 
 
+def _fast_envelope(data: bytes, limits: Limits) -> Optional[List[Any]]:
+    """The whole message unpacked at once, when it is small enough and cannot open more levels
+    than allowed (the same bound as _read_body's fast path, the envelope's own head counted):
+    a list of 3, or None when that is not what came (then the step-by-step path decides, and
+    says why)."""
+    n = len(data)
+    if n > _FAST_BODY_MAX or n > limits.max_items or \
+            len(data.translate(None, _NOT_CONTAINER_HEADS)) > limits.max_depth:
+        return None
+    try:
+        env = _unpack_one(memoryview(data))
+    except ValueError:
+        return None
+    if type(env) is not list or len(env) != 3:
+        return None
+    return env
+
+
 def _read_body(data: bytes, pos: int, limits: Limits, what: str) -> Any:
     """Scan and unpack the envelope's last element, which must end the payload. Raises
     ValueError saying what is wrong."""
@@ -340,6 +358,11 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """
     if type(data) is not bytes:
         data = bytes(data)
+    env = _fast_envelope(data, limits)
+    if env is not None and type(env[0]) is str and type(env[1]) is str and \
+            type(env[2]) is dict and \
+            all(type(k) is str for k in env[2]):
+        return Request(env[0], env[1], env[2])
     pos = _read_array_of(data, 0, 3)
     if pos < 0:
         raise DropRequest("not a msgpack array of 3")
@@ -365,6 +388,9 @@ def decode_reply(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Reply:
     """Decode a reply payload; BadReply when it is not `[str, bool, any]` within the limits."""
     if type(data) is not bytes:
         data = bytes(data)
+    env = _fast_envelope(data, limits)
+    if env is not None and type(env[0]) is str and type(env[1]) is bool:
+        return Reply(env[0], env[1], env[2])
     pos = _read_array_of(data, 0, 3)
     if pos < 0:
         raise BadReply("not a msgpack array of 3")
