@@ -1,6 +1,10 @@
 """The ctl-storage command line against real ctl-storage-unit processes.
 
     test_cli.py --unit PATH/ctl-storage-unit --cli PATH/ctl-storage [unittest args]
+    test_cli.py --unit "/usr/bin/python3 examples/storage/unit.py --module-dir DIR" --cli ...
+
+--unit is a command: a program, or one with its interpreter and options (split as a
+shell splits words, so quote a path with spaces); the tests append their options.
 
 Every command in text and JSON form (JSON is parsed, not grepped), every
 error kind with its exit status (0 ok, 1 local, 2 usage, 3 UnitFull,
@@ -17,6 +21,7 @@ import base64
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -38,7 +43,7 @@ class Unit:
     """One ctl-storage-unit process."""
 
     def __init__(self, capacity="64M", spill_dir=None, extra=()):
-        args = [UNIT, "--bind", "tcp://127.0.0.1:0", "--capacity", capacity]
+        args = UNIT + ["--bind", "tcp://127.0.0.1:0", "--capacity", capacity]
         if spill_dir:
             args += ["--spill-dir", spill_dir]
         args += list(extra)
@@ -230,13 +235,13 @@ class TestUsage(CliCase):
     def test_unit_usage_errors(self):
         for args in (["--capacity", "lots"], ["--max-msg-bytes", "0"], ["extra"],
                      ["--bogus"]):
-            p = subprocess.run([UNIT] + args, stdout=subprocess.PIPE,
+            p = subprocess.run(UNIT + args, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, timeout=RUN_S)
             self.assertEqual(p.returncode, 2, args)
             self.assertEqual(p.stdout, b"")
             self.assertIn(b"ctl-storage-unit", p.stderr)
         # A spill directory that cannot be created: a local failure, exit 1.
-        p = subprocess.run([UNIT, "--bind", "tcp://127.0.0.1:0", "--spill-dir",
+        p = subprocess.run(UNIT + ["--bind", "tcp://127.0.0.1:0", "--spill-dir",
                             os.path.join(self.tmp, "no", "such", "dir")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_S)
         self.assertEqual(p.returncode, 1)
@@ -625,7 +630,7 @@ class TestCurve(CliCase):
 
     def test_keys_and_allowlist(self):
         unit_key = os.path.join(self.tmp, "unit")
-        r = subprocess.run([UNIT, "--gen-keys", unit_key], stdout=subprocess.PIPE,
+        r = subprocess.run(UNIT + ["--gen-keys", unit_key], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=RUN_S)
         self.assertEqual(r.returncode, 0, r.stderr)
         alice_key, alice_pub = self.keygen("alice")
@@ -658,7 +663,7 @@ class TestCurve(CliCase):
                 addresses=["tcp://127.0.0.1:1"])
         self.assertEqual(r.status, EXIT["usage"])
         self.assertIn("readable by others (mode 0644)", r.err)
-        r = subprocess.run([UNIT, "--curve-secret", key], stdout=subprocess.PIPE,
+        r = subprocess.run(UNIT + ["--curve-secret", key], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=RUN_S)
         self.assertEqual(r.returncode, 2)
         self.assertIn(key, r.stderr.decode())
@@ -673,7 +678,7 @@ def main():
     ap.add_argument("--unit", required=True)
     ap.add_argument("--cli", required=True)
     args, rest = ap.parse_known_args()
-    UNIT, CLI = args.unit, args.cli
+    UNIT, CLI = shlex.split(args.unit), args.cli
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 

@@ -24,6 +24,7 @@ returns an `errors.Error`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
@@ -193,10 +194,21 @@ def _packer() -> Any:
     return msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape")
 
 
+_packers = threading.local()  # one Packer a thread (a Packer is not thread-safe)
+
+
 def pack(obj: Any) -> bytes:
     """Pack one value: str as msgpack str, bytes as bin. TypeError/ValueError/OverflowError when
     msgpack cannot pack it."""
-    out: bytes = _packer().pack(obj)
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = _packer()
+    try:
+        out: bytes = packer.pack(obj)
+    except BaseException:
+        _packers.packer = _packer()  # a failed pack may leave bytes in its buffer
+        raise
     return out
 
 
@@ -277,9 +289,48 @@ def _unpack_one(data: memoryview) -> Any:
         raise ValueError(f"cannot be decoded ({type(e).__name__})") from None
 
 
+# The fast path of _read_body: bodies up to this long whose bytes cannot open more levels than
+# allowed are unpacked without the scan (see there).
+_FAST_BODY_MAX = 4096
+_CONTAINER_HEADS = bytes(range(0x80, 0xA0)) + bytes((0xDC, 0xDD, 0xDE, 0xDF))
+_NOT_CONTAINER_HEADS = bytes(b for b in range(256) if b not in _CONTAINER_HEADS)
+
+
+def _fast_envelope(data: bytes, limits: Limits) -> Optional[List[Any]]:
+    """The whole message unpacked at once, when it is small enough and cannot open more levels
+    than allowed (the same bound as _read_body's fast path, the envelope's own head counted):
+    a list of 3, or None when that is not what came (then the step-by-step path decides, and
+    says why)."""
+    n = len(data)
+    if n > _FAST_BODY_MAX or n > limits.max_items or \
+            len(data.translate(None, _NOT_CONTAINER_HEADS)) > limits.max_depth:
+        return None
+    try:
+        env = _unpack_one(memoryview(data))
+    except ValueError:
+        return None
+    if type(env) is not list or len(env) != 3:
+        return None
+    return env
+
+
 def _read_body(data: bytes, pos: int, limits: Limits, what: str) -> Any:
     """Scan and unpack the envelope's last element, which must end the payload. Raises
     ValueError saying what is wrong."""
+    # Fast path for small bodies: a body of n bytes holds at most n objects, and opens at most
+    # as many levels as it has bytes that could head a container (0x80-0x9f, 0xdc-0xdf,
+    # counted wherever they are: an over-count only sends it down the slow path). Within both
+    # limits, what the scan would refuse msgpack refuses too (truncated, 0xc1, a count past
+    # the end, trailing bytes), so msgpack alone decides; when it refuses, the scan below
+    # says why, in its words.
+    n = len(data) - pos
+    if n <= _FAST_BODY_MAX and 3 + n <= limits.max_items:
+        body = data[pos:]
+        if 1 + len(body.translate(None, _NOT_CONTAINER_HEADS)) <= limits.max_depth:
+            try:
+                return _unpack_one(memoryview(body))
+            except ValueError:
+                pass
     status, end, _ = wire_check(data, pos, limits, 1, 3)  # the envelope and its head: 3
     if status != WIRE_OK:
         raise ValueError(f"{what}: {status}")
@@ -305,7 +356,13 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     answer is possible). Otherwise returns a Request; its `bad` is set when the args are not a
     map with str keys, are truncated, too deep, or followed by trailing bytes.
     """
-    data = bytes(data)
+    if type(data) is not bytes:
+        data = bytes(data)
+    env = _fast_envelope(data, limits)
+    if env is not None and type(env[0]) is str and type(env[1]) is str and \
+            type(env[2]) is dict and \
+            all(type(k) is str for k in env[2]):
+        return Request(env[0], env[1], env[2])
     pos = _read_array_of(data, 0, 3)
     if pos < 0:
         raise DropRequest("not a msgpack array of 3")
@@ -329,7 +386,11 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
 
 def decode_reply(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Reply:
     """Decode a reply payload; BadReply when it is not `[str, bool, any]` within the limits."""
-    data = bytes(data)
+    if type(data) is not bytes:
+        data = bytes(data)
+    env = _fast_envelope(data, limits)
+    if env is not None and type(env[0]) is str and type(env[1]) is bool:
+        return Reply(env[0], env[1], env[2])
     pos = _read_array_of(data, 0, 3)
     if pos < 0:
         raise BadReply("not a msgpack array of 3")

@@ -707,7 +707,8 @@ class Client:
                 self._time_out(p, op, timeout_ms)
                 break
             try:
-                ready = p.sock.poll(_ms(min(left, CHECK_S)), zmq.POLLIN)
+                # zmq_poll itself: Socket.poll would build a Poller for every wait.
+                ready = zmq.zmq_poll([(p.sock, zmq.POLLIN)], _ms(min(left, CHECK_S)))
             except zmq.ZMQError as e:
                 if e.errno == errno.EINTR:
                     continue
@@ -762,11 +763,14 @@ def _request(address: str, op: str, args: Optional[Mapping[str, Any]]) -> Tuple[
     is packed between them when the request is sent)."""
     if not isinstance(op, str) or not op:
         raise ValueError(f"call at {address}: op must be a non-empty string, not {op!r}")
-    if args is not None and not isinstance(args, Mapping):
+    if args is not None and type(args) is not dict and not isinstance(args, Mapping):
         raise TypeError(f"{op} at {address}: args must be a mapping, not "
                         f"{type(args).__name__}")
     try:
-        packed_args = _wire.pack({} if args is None else dict(args))
+        # A dict packs as it is (the fast path: the generated clients' args maps); any other
+        # mapping as a dict of its items.
+        packed_args = _wire.pack({} if args is None else
+                                 args if type(args) is dict else dict(args))
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"{op} at {address}: args cannot be packed: {e}") from None
     return b"\x93" + _wire.pack(op), packed_args
@@ -781,6 +785,9 @@ def _literal(host: str) -> bool:
     return True
 
 
+_ZERO_COPY_MIN = 32 << 10
+
+
 def _ms(seconds: float) -> int:
     """Seconds as whole milliseconds, rounded up (a wait never ends before its deadline)."""
     return max(0, math.ceil(seconds * 1000))
@@ -791,7 +798,9 @@ def _send(sock: zmq.Socket[Any], data: bytes, deadline: float, address: str,
     """Send one frame, waiting for queue space until `deadline`."""
     while True:
         try:
-            sock.send(data, zmq.NOBLOCK, copy=False)
+            # Small messages are copied: a zero-copy Frame costs more than the copy below 32
+            # KiB (as the server decides for its replies).
+            sock.send(data, zmq.NOBLOCK, copy=len(data) >= _ZERO_COPY_MIN)
             return
         except zmq.Again:
             left = deadline - time.monotonic()

@@ -13,6 +13,7 @@ message quotes the text and says what is wrong.
 from __future__ import annotations
 
 import fcntl
+import functools
 import ipaddress
 import os
 import socket
@@ -89,12 +90,23 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 def dialable(text: str) -> str:
-    """`text` if a client can dial it (a host and a port, no wildcard); ValueError otherwise."""
+    """`text` if a client can dial it (a host and a port, no wildcard); ValueError otherwise.
+    Every call checks its address: addresses already found dialable are remembered (at most
+    4096 of them), so the check costs a lookup on the hot path."""
+    if type(text) is str:
+        return _dialable_cached(text)
+    return _dialable(text)
+
+
+def _dialable(text: str) -> str:
     ep = parse_endpoint(text)
     if ep.any_port or ep.host == "*":
         raise ValueError(f"address '{text}' is not dialable: it needs a host and a port (a unit "
                          "reports its real endpoint once bound)")
     return text
+
+
+_dialable_cached = functools.lru_cache(maxsize=4096)(_dialable)
 
 
 def _probe_route() -> Optional[str]:
