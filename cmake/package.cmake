@@ -2,7 +2,8 @@
 #
 #   libctlrpc0      runtime      the shared library
 #   libctlrpc-dev   development  headers, static library, ctlrpc-gen and its
-#                   + doc        templates, the CMake package, ctlrpc.pc, docs
+#                   + doc        templates, the generic caller ctlrpc, the CMake
+#                                package, ctlrpc.pc, docs
 #   ctlrpc-storage  programs     ctl-storage-unit and ctl-storage
 #   python3-ctlrpc  python       the Python runtime (package `ctlrpc`)
 #
@@ -58,8 +59,12 @@ set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libctlrpc-dev)
 set(CPACK_DEBIAN_DEV_FILE_NAME "ctlrpc-libctlrpc-dev_${_ctl_deb_tail}")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+# bin/ctlrpc, the generic caller, runs on the Python runtime.
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
     "libctlrpc0 (= ${PROJECT_VERSION}-1), libzmq3-dev, libmsgpack-dev, python3, python3-jinja2")
+if(EXISTS "${PROJECT_SOURCE_DIR}/runtime/python/ctlrpc")
+  string(APPEND CPACK_DEBIAN_DEV_PACKAGE_DEPENDS ", python3-ctlrpc (= ${PROJECT_VERSION}-1)")
+endif()
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "cmake, pkg-config")
 set(CPACK_DEBIAN_DEV_DESCRIPTION
     "ctlrpc development files and the IDL compiler\n Headers, the static library, the CMake package (find_package(ctlrpc),\n ctlrpc_generate()), ctlrpc.pc, the generator ctlrpc-gen and the docs.")
