@@ -39,6 +39,8 @@
  * drop is taken as this side's doing: ZeroMQ schedules the reconnect of a
  * connection the peer closed within microseconds of reporting the drop. */
 #define DROP_SETTLE_MS 50
+/* A handshake broken off and not retried within this has been given up. */
+#define BROKEN_SETTLE_MS 300
 /* Failed attempts in a row that end a call (see docs/API.md). */
 #define FAILS_TO_END 2
 /* Reconnect back-off: ZeroMQ retries after 100 ms (ZMQ_RECONNECT_IVL),
@@ -402,11 +404,12 @@ static void fold(ctl_conn_state *st, unsigned ev, uint32_t value)
             st->dropped_at = 0;
         } else {
             st->fails++;
-            st->fail = st->hs_no_detail ? CTL_CONN_HANDSHAKE
-                       : st->closed     ? CTL_CONN_REFUSED
-                                        : CTL_CONN_UNRESOLVED;
+            st->fail = st->hs_no_detail || st->broken ? CTL_CONN_HANDSHAKE
+                       : st->closed                   ? CTL_CONN_REFUSED
+                                                      : CTL_CONN_UNRESOLVED;
         }
-        st->closed = st->hs_no_detail = 0;
+        st->closed = st->hs_no_detail = st->broken = 0;
+        st->broken_at = 0;
         break;
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         st->fails = 0;
@@ -426,6 +429,12 @@ static void fold(ctl_conn_state *st, unsigned ev, uint32_t value)
             st->up = 0;
             st->after_drop = 1;
             st->dropped_at = 0;
+        } else {
+            /* Connected, then closed before the handshake completed: the
+             * peer broke it off, whether or not a handshake event said so
+             * (under load the order of events varies). */
+            st->broken = 1;
+            st->broken_at = 0;
         }
         break;
     default:
@@ -472,6 +481,14 @@ ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
                    : CTL_CONN_PROTOCOL;
     if (st->fails >= FAILS_TO_END)
         return (ctl_conn_verdict)st->fail;
+    if (st->broken) {
+        /* No reconnect after a broken handshake: libzmq has given up on
+         * the peer, and no reply can come. */
+        if (!st->broken_at)
+            st->broken_at = now_ms;
+        else if (now_ms - st->broken_at >= BROKEN_SETTLE_MS)
+            return CTL_CONN_HANDSHAKE;
+    }
     if (st->after_drop) {
         if (!st->dropped_at)
             st->dropped_at = now_ms;

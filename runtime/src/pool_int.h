@@ -68,6 +68,10 @@ typedef struct ctl_conn_state {
     int after_drop;     /* a drop was seen: the next RETRIED is the reconnect */
     int64_t dropped_at; /* the check that first saw a drop not followed by
                            a reconnect (0: none) */
+    int broken;         /* this attempt's connection closed before its
+                           handshake completed */
+    int64_t broken_at;  /* the check that first saw that, with no reconnect
+                           after it (0: none) */
     int verdict_event;  /* a handshake failure that ends calls at once
                            (ZMQ_EVENT_HANDSHAKE_FAILED_*), or 0 */
     uint32_t verdict_value; /* its value: ZAP status or protocol error */

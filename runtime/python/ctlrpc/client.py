@@ -53,6 +53,7 @@ DEFAULT_MAX_RETIRED = 64
 IDLE_LINGER_MS = 100
 CHECK_S = 0.100  # a call reads its connection's monitor after this long without a reply
 FAILS_TO_END = 2  # failed connection attempts in a row that end a call
+BROKEN_SETTLE_S = 0.300  # a broken handshake not retried within this has been given up
 DROP_SETTLE_S = 0.050  # a drop not followed by a reconnect within this is this side's own
 RECONNECT_IVL_MAX_MS = 1000
 IDLE_DRAIN_S = 1.0  # idle sockets' monitors are read at most this often
@@ -88,7 +89,7 @@ class _Watch:
       closed by this side (a message over MAXMSGSIZE): DISCONNECTED, no reconnect"""
 
     __slots__ = ("mon", "fails", "fail", "hs_no_detail", "closed", "up", "after_drop",
-                 "dropped_at", "verdict_event", "verdict_value")
+                 "dropped_at", "broken", "broken_at", "verdict_event", "verdict_value")
 
     def __init__(self, mon: zmq.Socket[Any]) -> None:
         self.mon = mon
@@ -99,6 +100,8 @@ class _Watch:
         self.up = False
         self.after_drop = False
         self.dropped_at = 0.0
+        self.broken = False  # connected, then closed before the handshake completed
+        self.broken_at = 0.0
         self.verdict_event = 0
         self.verdict_value = 0
 
@@ -113,9 +116,10 @@ class _Watch:
                 self.dropped_at = 0.0
             else:
                 self.fails += 1
-                self.fail = ("handshake" if self.hs_no_detail else
+                self.fail = ("handshake" if self.hs_no_detail or self.broken else
                              "refused" if self.closed else "unresolved")
-            self.closed = self.hs_no_detail = False
+            self.closed = self.hs_no_detail = self.broken = False
+            self.broken_at = 0.0
         elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.fails = 0
             self.up = True
@@ -129,6 +133,10 @@ class _Watch:
             self.up = False
             self.after_drop = True
             self.dropped_at = 0.0
+        elif ev == zmq.EVENT_DISCONNECTED:
+            # The peer broke the handshake off, whether or not an event said so.
+            self.broken = True
+            self.broken_at = 0.0
 
     def drain(self) -> None:
         while True:
@@ -153,6 +161,11 @@ class _Watch:
                     "handshake" if self.verdict_value == _CRYPTOGRAPHIC else "protocol")
         if self.fails >= FAILS_TO_END:
             return self.fail
+        if self.broken:  # not retried: libzmq has given up on the peer
+            if not self.broken_at:
+                self.broken_at = now
+            elif now - self.broken_at >= BROKEN_SETTLE_S:
+                return "handshake"
         if self.after_drop:
             if not self.dropped_at:
                 self.dropped_at = now
