@@ -12,6 +12,9 @@ set -euo pipefail
 build=${1:?usage: demo.sh BUILD_DIR}
 unit_bin=$build/examples/ctl-storage-unit
 cli_bin=$build/examples/ctl-storage
+root=$(cd "$(dirname "$0")/../.." && pwd)
+# The generic caller runs on the Python runtime (python3-zmq, python3-msgpack).
+python=${CTLRPC_PYTHON:-/usr/bin/python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/ctl-demo.XXXXXX")
 pids=()
 
@@ -95,5 +98,19 @@ run --address "$u1" --timeout 2s get fox
 
 say "Counters after the session (requests served, malformed payloads dropped)"
 run --address "$u1" --address "$u2" --address "$u3" --address "$u4" --json stats
+
+# The same units through the generic caller, which needs no code of the service: it asks each
+# unit for its IDL (the built-in op _describe) and reads per-op metrics (_stats).
+if PYTHONPATH="$root/runtime/python" "$python" -c 'import zmq, msgpack' 2>/dev/null; then
+  caller() {
+    printf '$ ctlrpc %s\n' "$*"
+    PYTHONPATH="$root/runtime/python" "$python" "$root/tools/ctlrpc/ctlrpc" "$@" ||
+      printf '  (exit status %d)\n' "$?"
+  }
+  say "Any op from a shell with the generic caller ctlrpc (IDL fetched from the unit)"
+  caller call "$u3" describe 'keys=["weights/shard-1"]'
+  caller health "$u1" "$u2" "$u3" "$u4"
+  caller stats "$u2"
+fi
 
 say "Stopping the units (SIGTERM: each shuts down cleanly)"
