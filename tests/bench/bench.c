@@ -66,7 +66,6 @@
 #include "store.h"
 
 #define CALL_TIMEOUT_MS 30000
-#define MAX_ROUNDS 101
 #define MAX_UNITS 16
 #define MAX_THREADS_T 16
 #define BLOB_KEY "bench-blob"
@@ -86,10 +85,7 @@ enum {
     CASE_ALL = (1 << 6) - 1
 };
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} case_names[] = {
+static const bench_case_name case_names[] = {
     {"small", CASE_SMALL},   {"throughput", CASE_THROUGHPUT},
     {"fanout", CASE_FANOUT}, {"blobs", CASE_BLOBS},
     {"gen", CASE_GEN},       {"python", CASE_PYTHON},
@@ -110,32 +106,10 @@ typedef struct config {
 } config;
 
 static config cfg;
-static int g_failed;
 
 /* ---- messages ----------------------------------------------------------- */
 
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ctl-bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ctl-bench: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    g_failed = 1;
-}
 
 /* ---- the table ---------------------------------------------------------- */
 
@@ -185,21 +159,7 @@ static void group(const char *fmt, ...)
     va_end(ap);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static double median(const double *v, int n)
-{
-    double tmp[MAX_ROUNDS];
-    if (n <= 0)
-        return 0;
-    memcpy(tmp, v, (size_t)n * sizeof *v);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-    return n % 2 ? tmp[n / 2] : (tmp[n / 2 - 1] + tmp[n / 2]) / 2;
-}
 
 /* A row from per-round figures: medians of each side and the median of
  * the per-round ratios ours/base. */
@@ -210,20 +170,20 @@ static void add_row(const char *label, const char *metric, int decimals,
     if (n_rows >= MAX_ROWS)
         return;
     row *r = &rows[n_rows++];
-    double ratios[MAX_ROUNDS];
+    double ratios[BENCH_MAX_ROUNDS];
     int k = 0;
     memset(r, 0, sizeof *r);
     snprintf(r->group, sizeof r->group, "%s", current_group);
     snprintf(r->label, sizeof r->label, "%s", label);
     snprintf(r->metric, sizeof r->metric, "%s", metric);
     r->decimals = decimals;
-    r->ours = median(ours, n);
-    r->base = median(base, n);
+    r->ours = bench_median(ours, n);
+    r->base = bench_median(base, n);
     for (int i = 0; i < n; i++)
         if (base[i] > 0)
             ratios[k++] = ours[i] / base[i];
     r->has_ratio = k > 0;
-    r->ratio = median(ratios, k);
+    r->ratio = bench_median(ratios, k);
     r->target = target;
     r->limit = limit;
 }
@@ -289,18 +249,13 @@ typedef struct lat_result {
     double p50_us, p99_us, per_s;
 } lat_result;
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* `n` calls of fn(arg) back to back, each timed. */
 static int time_calls(call_fn fn, void *arg, size_t n, lat_result *out)
 {
     uint64_t *lat = malloc(n * sizeof *lat);
     if (!lat) {
-        fail("out of memory");
+        bench_fail("out of memory");
         return -1;
     }
     uint64_t t0 = now_ns();
@@ -313,7 +268,7 @@ static int time_calls(call_fn fn, void *arg, size_t n, lat_result *out)
         lat[i] = now_ns() - a;
     }
     double elapsed = (double)(now_ns() - t0) / 1e9;
-    qsort(lat, n, sizeof *lat, cmp_u64);
+    qsort(lat, n, sizeof *lat, bench_cmp_u64);
     out->p50_us = (double)lat[(n - 1) * 50 / 100] / 1e3;
     out->p99_us = (double)lat[(n - 1) * 99 / 100] / 1e3;
     out->per_s = elapsed > 0 ? (double)n / elapsed : 0;
@@ -331,7 +286,7 @@ static int warm(call_fn fn, void *arg, size_t n)
 
 /* Per-round latency figures of one case against its baseline. */
 typedef struct lat_pair {
-    double p50[2][MAX_ROUNDS], p99[2][MAX_ROUNDS], per_s[2][MAX_ROUNDS];
+    double p50[2][BENCH_MAX_ROUNDS], p99[2][BENCH_MAX_ROUNDS], per_s[2][BENCH_MAX_ROUNDS];
 } lat_pair;
 
 /* cfg.rounds rounds of `n` calls of each side, alternating which goes
@@ -354,7 +309,7 @@ static int run_pair(const char *what, call_fn fn0, void *arg0, call_fn fn1,
             out->p99[side][r] = lr.p99_us;
             out->per_s[side][r] = lr.per_s;
         }
-        progress("%s: round %d/%d: p50 %.1f vs %.1f us", what, r + 1, cfg.rounds,
+        bench_progress("%s: round %d/%d: p50 %.1f vs %.1f us", what, r + 1, cfg.rounds,
                  out->p50[0][r], out->p50[1][r]);
     }
     return 0;
@@ -394,7 +349,7 @@ static int echo_round_trip(void *sock, const void *buf, size_t len, int zero_cop
         rc = zmq_send(sock, buf, len, 0);
     }
     if (rc < 0) {
-        fail("echo: send: %s", zmq_strerror(zmq_errno()));
+        bench_fail("echo: send: %s", zmq_strerror(zmq_errno()));
         return -1;
     }
     zmq_msg_init(&m);
@@ -402,7 +357,7 @@ static int echo_round_trip(void *sock, const void *buf, size_t len, int zero_cop
     size_t got = zmq_msg_size(&m);
     zmq_msg_close(&m);
     if (rc < 0 || got != len) {
-        fail("echo: receive: %s", rc < 0 ? zmq_strerror(zmq_errno()) : "wrong size");
+        bench_fail("echo: receive: %s", rc < 0 ? zmq_strerror(zmq_errno()) : "wrong size");
         return -1;
     }
     return 0;
@@ -449,7 +404,7 @@ static int call_describe(void *arg)
     if (rc == 0 && res.count != 1)
         rc = -1;
     if (rc != 0)
-        fail("describe at %s: %s", s->address, err.msg ? err.msg : "bad result");
+        bench_fail("describe at %s: %s", s->address, err.msg ? err.msg : "bad result");
     ctl_reply_destroy(&reply);
     ctl_error_fini(&err);
     return rc ? -1 : 0;
@@ -465,7 +420,7 @@ static int call_stats(void *arg)
     int rc = storage_stats(s->client, s->address, CALL_TIMEOUT_MS, &res,
                            &reply, &err);
     if (rc != 0)
-        fail("stats at %s: %s", s->address, err.msg ? err.msg : "failed");
+        bench_fail("stats at %s: %s", s->address, err.msg ? err.msg : "failed");
     ctl_reply_destroy(&reply);
     ctl_error_fini(&err);
     return rc ? -1 : 0;
@@ -485,7 +440,7 @@ static int put_blob(ctl_client *client, const char *address, const char *key,
     if (rc == 0 && stored != size)
         rc = -1;
     if (rc != 0)
-        fail("put of %zu bytes at %s: %s", size, address,
+        bench_fail("put of %zu bytes at %s: %s", size, address,
              err.msg ? err.msg : "wrong size stored");
     ctl_error_fini(&err);
     return rc ? -1 : 0;
@@ -506,7 +461,7 @@ static int get_blob(ctl_client *client, const char *address, const char *key,
     if (rc == 0 && (res.count != 1 || res.items[0].len != size))
         rc = -1;
     if (rc != 0)
-        fail("get of %zu bytes at %s: %s", size, address,
+        bench_fail("get of %zu bytes at %s: %s", size, address,
              err.msg ? err.msg : "wrong size");
     ctl_reply_destroy(&reply);
     ctl_error_fini(&err);
@@ -534,13 +489,13 @@ static int capture_request(void *ectx, int stats, unsigned char **out,
     if (!tap || zmq_setsockopt(tap, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_bind(tap, "tcp://127.0.0.1:*") != 0 ||
         zmq_getsockopt(tap, ZMQ_LAST_ENDPOINT, ep, &eplen) != 0) {
-        fail("capture: %s", zmq_strerror(zmq_errno()));
+        bench_fail("capture: %s", zmq_strerror(zmq_errno()));
         goto out;
     }
     ctl_client_options_init(&o);
     o.late_grace_ms = 0;
     if (ctl_client_new(&o, &c, &err) != 0) {
-        fail("capture: %s", err.msg);
+        bench_fail("capture: %s", err.msg);
         goto out;
     }
     stub_call s;
@@ -577,7 +532,7 @@ static int capture_request(void *ectx, int stats, unsigned char **out,
         zmq_msg_close(&payload);
     }
     if (rc != 0)
-        fail("capture: the stub's request did not arrive");
+        bench_fail("capture: the stub's request did not arrive");
 out:
     ctl_client_destroy(&c);
     ctl_error_fini(&err);
@@ -599,7 +554,7 @@ static int small_setup_init(small_setup *s)
     memset(s, 0, sizeof *s);
     s->ectx = zmq_ctx_new();
     if (!s->ectx) {
-        fail("zmq_ctx_new failed");
+        bench_fail("zmq_ctx_new failed");
         return -1;
     }
     if (capture_request(s->ectx, 0, &s->describe_req, &s->describe_len) != 0 ||
@@ -629,7 +584,7 @@ static int small_rows(const char *who, int python, const char *address,
     stub_call_init(&sc, client, address);
     ec.sock = echo_dial(ss->ectx, echo_ep);
     if (!ec.sock) {
-        fail("echo: cannot connect to %s", echo_ep);
+        bench_fail("echo: cannot connect to %s", echo_ep);
         return -1;
     }
     ec.buf = ss->describe_req;
@@ -753,7 +708,7 @@ static int run_trial(trial *t, int threads, double seconds, const cpu_src *cpu,
         w[i] = (worker){t, i};
         t->calls[i] = 0;
         if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0) {
-            fail("cannot start a client thread");
+            bench_fail("cannot start a client thread");
             atomic_store(&t->failed, 1);
             break;
         }
@@ -783,7 +738,7 @@ static int run_trial(trial *t, int threads, double seconds, const cpu_src *cpu,
     pthread_cond_destroy(&t->cond);
     pthread_mutex_destroy(&t->mu);
     if (atomic_load(&t->failed)) {
-        fail("a client thread failed (see above)");
+        bench_fail("a client thread failed (see above)");
         return -1;
     }
     out->per_s = elapsed > 0 ? (double)total / elapsed : 0;
@@ -800,7 +755,7 @@ static int throughput_rows(const char *who, trial *ours, const cpu_src *ours_cpu
     static const int ts[] = {1, 4, 16};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         int threads = ts[k];
-        double per_s[2][MAX_ROUNDS], cpu[2][MAX_ROUNDS];
+        double per_s[2][BENCH_MAX_ROUNDS], cpu[2][BENCH_MAX_ROUNDS];
         trial *sides[2] = {ours, echo};
         const cpu_src *cpus[2] = {ours_cpu, echo_cpu};
         trial_result tr;
@@ -817,7 +772,7 @@ static int throughput_rows(const char *who, trial *ours, const cpu_src *ours_cpu
                 per_s[side][r] = tr.per_s;
                 cpu[side][r] = tr.cpu_per_10k;
             }
-            progress("%s throughput, %d thread%s: round %d/%d: %.0f vs %.0f calls/s",
+            bench_progress("%s throughput, %d thread%s: round %d/%d: %.0f vs %.0f calls/s",
                      who, threads, threads > 1 ? "s" : "", r + 1, cfg.rounds,
                      per_s[0][r], per_s[1][r]);
         }
@@ -846,11 +801,11 @@ static int case_small_and_throughput(unsigned which)
         goto out;
     if (bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0 ||
         bench_echo_start(&echo, why, sizeof why) != 0) {
-        fail("%s", why);
+        bench_fail("%s", why);
         goto out;
     }
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("client: %s", err.msg);
+        bench_fail("client: %s", err.msg);
         goto out;
     }
     if (put_blob(client, bench_unit_endpoint(unit), SMALL_KEY, "0123456789", 10) != 0)
@@ -898,7 +853,7 @@ static int call_fan_stub(void *arg)
     if (failed != 0) {
         for (size_t i = 0; i < f->n; i++)
             if (f->outcomes[i].error.kind != CTL_OK) {
-                fail("stats_many: %s", f->outcomes[i].error.msg);
+                bench_fail("stats_many: %s", f->outcomes[i].error.msg);
                 break;
             }
     }
@@ -922,7 +877,7 @@ static int call_fan_echo(void *arg)
     size_t left = f->n;
     for (size_t i = 0; i < f->n; i++) {
         if (zmq_send(f->socks[i], f->buf, f->len, 0) < 0) {
-            fail("fan-out echo: send: %s", zmq_strerror(zmq_errno()));
+            bench_fail("fan-out echo: send: %s", zmq_strerror(zmq_errno()));
             return -1;
         }
     }
@@ -931,7 +886,7 @@ static int call_fan_echo(void *arg)
             items[i] = (zmq_pollitem_t){f->socks[i], 0, got[i] ? 0 : ZMQ_POLLIN, 0};
         int rc = zmq_poll(items, (int)f->n, CALL_TIMEOUT_MS);
         if (rc <= 0) {
-            fail("fan-out echo: %s", rc == 0 ? "timed out" : zmq_strerror(zmq_errno()));
+            bench_fail("fan-out echo: %s", rc == 0 ? "timed out" : zmq_strerror(zmq_errno()));
             return -1;
         }
         for (size_t i = 0; i < f->n; i++) {
@@ -969,12 +924,12 @@ static int case_fanout(void)
     for (size_t i = 0; i < MAX_UNITS; i++) {
         if (bench_unit_start((uint64_t)1 << 20, &units[i], why, sizeof why) != 0 ||
             bench_echo_start(&echos[i], why, sizeof why) != 0) {
-            fail("%s", why);
+            bench_fail("%s", why);
             goto out;
         }
     }
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("client: %s", err.msg);
+        bench_fail("client: %s", err.msg);
         goto out;
     }
     fs.client = client;
@@ -982,7 +937,7 @@ static int case_fanout(void)
         fs.addresses[i] = bench_unit_endpoint(units[i]);
         fe.socks[i] = echo_dial(ss.ectx, bench_echo_endpoint(echos[i]));
         if (!fe.socks[i]) {
-            fail("echo: cannot connect");
+            bench_fail("echo: cannot connect");
             goto out;
         }
     }
@@ -1145,14 +1100,14 @@ static void copy_counts(void)
     double secs;
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) {
-        fail("cannot find this program (/proc/self/exe)");
+        bench_fail("cannot find this program (/proc/self/exe)");
         return;
     }
     self[sl] = '\0';
     const char *old = getenv("LD_PRELOAD");
     if (asprintf(&preload, "LD_PRELOAD=%s%s%s", CTL_BENCH_COPYCOUNT_SO,
                  old && *old ? ":" : "", old && *old ? old : "") < 0) {
-        fail("out of memory");
+        bench_fail("out of memory");
         return;
     }
     for (char **e = environ; *e && n < sizeof envp / sizeof envp[0] - 2; e++)
@@ -1164,16 +1119,16 @@ static void copy_counts(void)
     /* The child counts the sizes this run measures. */
     char *argv[] = {self, (char *)"--blob-sizes", cfg.blob_sizes_arg,
                     (char *)"--copy-count-child", NULL};
-    progress("blobs: counting copies (child run under %s)", CTL_BENCH_COPYCOUNT_SO);
+    bench_progress("blobs: counting copies (child run under %s)", CTL_BENCH_COPYCOUNT_SO);
     if (bench_run(argv, envp, log_path, &secs, why, sizeof why) != 0) {
-        fail("copy count: %s", why);
+        bench_fail("copy count: %s", why);
         free(preload);
         return;
     }
     free(preload);
     FILE *f = fopen(log_path, "r");
     if (!f) {
-        fail("copy count: cannot read %s", log_path);
+        bench_fail("copy count: cannot read %s", log_path);
         return;
     }
     /* per size: put, get, echo x side x origin, in payload copies */
@@ -1211,7 +1166,7 @@ static void copy_counts(void)
     }
     fclose(f);
     if (seen != 3 * (int)n_blob_sizes) {
-        fail("copy count: the child printed %d of %d lines (see %s)", seen,
+        bench_fail("copy count: the child printed %d of %d lines (see %s)", seen,
              3 * (int)n_blob_sizes, log_path);
         return;
     }
@@ -1288,7 +1243,7 @@ static int call_bare_put_get(void *arg)
         rc = -1;
     zmq_msg_close(&m);
     if (rc < 0) {
-        fail("bare put/get of %zu bytes failed", b->size);
+        bench_fail("bare put/get of %zu bytes failed", b->size);
         return -1;
     }
     return 0;
@@ -1305,7 +1260,7 @@ static double tv_ms(const struct timeval *a, const struct timeval *b)
 static double memcpy_mbs(size_t size)
 {
     unsigned char *a = malloc(size), *b = malloc(size);
-    double best[MAX_ROUNDS];
+    double best[BENCH_MAX_ROUNDS];
     int n = cfg.rounds;
     if (!a || !b) {
         free(a);
@@ -1322,7 +1277,7 @@ static double memcpy_mbs(size_t size)
     }
     free(a);
     free(b);
-    return median(best, n);
+    return bench_median(best, n);
 }
 
 static int case_blobs(void)
@@ -1342,24 +1297,24 @@ static int case_blobs(void)
     group("large blobs: put then get (baseline: echo of a message that size; "
           "2nd row: bare ZeroMQ put+get)");
     if (!data) {
-        fail("out of memory");
+        bench_fail("out of memory");
         goto out;
     }
     if (bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0 ||
         bench_echo_start(&echo, why, sizeof why) != 0 ||
         bench_echo_start_mode(1, &keeper, why, sizeof why) != 0) {
-        fail("%s", why);
+        bench_fail("%s", why);
         goto out;
     }
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("client: %s", err.msg);
+        bench_fail("client: %s", err.msg);
         goto out;
     }
     ectx = zmq_ctx_new();
     ec.sock = ectx ? echo_dial(ectx, bench_echo_endpoint(echo)) : NULL;
     bp.sock = ectx ? echo_dial(ectx, bench_echo_endpoint(keeper)) : NULL;
     if (!ec.sock || !bp.sock) {
-        fail("echo: cannot connect");
+        bench_fail("echo: cannot connect");
         goto out;
     }
     ec.buf = bp.buf = data;
@@ -1370,8 +1325,8 @@ static int case_blobs(void)
         /* Side 0: the stubs, 1: the echo, 2: bare put/get. */
         call_fn fns[3] = {call_put_get, call_echo, call_bare_put_get};
         void *args[3] = {&bc, &ec, &bp};
-        double mbs[3][MAX_ROUNDS], faults[3][MAX_ROUNDS];
-        double user_ms[3][MAX_ROUNDS], sys_ms[3][MAX_ROUNDS];
+        double mbs[3][BENCH_MAX_ROUNDS], faults[3][BENCH_MAX_ROUNDS];
+        double user_ms[3][BENCH_MAX_ROUNDS], sys_ms[3][BENCH_MAX_ROUNDS];
         char label[40], sz[24];
         if (cycles < 4)
             cycles = 4;
@@ -1398,7 +1353,7 @@ static int case_blobs(void)
                 user_ms[side][r] = tv_ms(&ru1.ru_utime, &ru0.ru_utime) / (double)cycles;
                 sys_ms[side][r] = tv_ms(&ru1.ru_stime, &ru0.ru_stime) / (double)cycles;
             }
-            progress("blobs %s: round %d/%d: %.0f vs echo %.0f vs bare put/get %.0f MB/s",
+            bench_progress("blobs %s: round %d/%d: %.0f vs echo %.0f vs bare put/get %.0f MB/s",
                      size_name(size, sz, sizeof sz), r + 1, cfg.rounds, mbs[0][r],
                      mbs[1][r], mbs[2][r]);
         }
@@ -1409,11 +1364,11 @@ static int case_blobs(void)
         note("blobs %-7s per op, whole process (client and server): CPU ms user+sys: "
              "stubs %.2f+%.2f, echo %.2f+%.2f, bare put+get %.2f+%.2f; page faults: "
              "%.2f, %.2f, %.2f", sz,
-             median(user_ms[0], cfg.rounds), median(sys_ms[0], cfg.rounds),
-             median(user_ms[1], cfg.rounds), median(sys_ms[1], cfg.rounds),
-             median(user_ms[2], cfg.rounds), median(sys_ms[2], cfg.rounds),
-             median(faults[0], cfg.rounds), median(faults[1], cfg.rounds),
-             median(faults[2], cfg.rounds));
+             bench_median(user_ms[0], cfg.rounds), bench_median(sys_ms[0], cfg.rounds),
+             bench_median(user_ms[1], cfg.rounds), bench_median(sys_ms[1], cfg.rounds),
+             bench_median(user_ms[2], cfg.rounds), bench_median(sys_ms[2], cfg.rounds),
+             bench_median(faults[0], cfg.rounds), bench_median(faults[1], cfg.rounds),
+             bench_median(faults[2], cfg.rounds));
     }
     note("blobs: the echo moves the payload up and back in one round trip, put+get in two "
          "(and the stubs' ones carry the envelope); 'vs put+get' is the same two round trips "
@@ -1509,7 +1464,7 @@ static int gen_and_compile(const char *idl, const char *stem, const char *outdir
     char *gen_argv[] = {(char *)CTLRPC_PYTHON, (char *)CTL_BENCH_GEN, (char *)idl,
                         (char *)"-o", (char *)outdir, NULL};
     if (bench_run(gen_argv, NULL, log_path, gen_s, why, sizeof why) != 0) {
-        fail("ctlrpc-gen: %s", why);
+        bench_fail("ctlrpc-gen: %s", why);
         return -1;
     }
     snprintf(src, sizeof src, "%s/%s.ctl.c", outdir, stem);
@@ -1528,7 +1483,7 @@ static int gen_and_compile(const char *idl, const char *stem, const char *outdir
     cc_argv[n++] = obj;
     cc_argv[n] = NULL;
     if (bench_run(cc_argv, NULL, log_path, cc_s, why, sizeof why) != 0) {
-        fail("cc: %s", why);
+        bench_fail("cc: %s", why);
         return -1;
     }
     return 0;
@@ -1537,21 +1492,21 @@ static int gen_and_compile(const char *idl, const char *stem, const char *outdir
 static int case_gen(void)
 {
     char idl[300], out[320];
-    double gen[2][MAX_ROUNDS], cc[2][MAX_ROUNDS], total[2][MAX_ROUNDS];
+    double gen[2][BENCH_MAX_ROUNDS], cc[2][BENCH_MAX_ROUNDS], total[2][BENCH_MAX_ROUNDS];
     group("generator: 200-op IDL (baseline: idl/storage.idl, 9 ops), seconds");
     snprintf(idl, sizeof idl, "%s/bench200.idl", cfg.tmpdir);
     if (write_idl(idl, 200) != 0) {
-        fail("cannot write %s", idl);
+        bench_fail("cannot write %s", idl);
         return -1;
     }
     for (int r = 0; r < cfg.rounds; r++) {
-        progress("gen: round %d/%d", r + 1, cfg.rounds);
+        bench_progress("gen: round %d/%d", r + 1, cfg.rounds);
         for (int i = 0; i < 2; i++) {
             int side = (r % 2) ? 1 - i : i;
             /* A fresh directory each time: the generator skips unchanged files. */
             snprintf(out, sizeof out, "%s/gen-%d-%d", cfg.tmpdir, r, side);
             if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-                fail("mkdir %s: %s", out, strerror(errno));
+                bench_fail("mkdir %s: %s", out, strerror(errno));
                 return -1;
             }
             if (gen_and_compile(side == 0 ? idl : CTL_BENCH_STORAGE_IDL,
@@ -1606,17 +1561,17 @@ static int case_python(unsigned which)
     char *argv[] = {(char *)CTL_BENCH_TEST_PYTHON, (char *)CTL_BENCH_PYUNIT,
                     (char *)"--bind", (char *)"tcp://127.0.0.1:0", NULL};
     if (bench_proc_start(&py, argv, 20000, why, sizeof why) != 0) {
-        fail("python unit: %s", why);
+        bench_fail("python unit: %s", why);
         goto out;
     }
     if (small_setup_init(&ss) != 0)
         goto out;
     if (bench_echo_start(&echo, why, sizeof why) != 0) {
-        fail("%s", why);
+        bench_fail("%s", why);
         goto out;
     }
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("client: %s", err.msg);
+        bench_fail("client: %s", err.msg);
         goto out;
     }
     if (put_blob(client, py.endpoint, SMALL_KEY, "0123456789", 10) != 0)
@@ -1718,24 +1673,6 @@ static int parse_blob_sizes(const char *text)
     return 0;
 }
 
-static int parse_cases(const char *text, unsigned *out)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", text);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
-         t = strtok_r(NULL, ",", &save)) {
-        size_t i;
-        for (i = 0; i < sizeof case_names / sizeof case_names[0]; i++)
-            if (strcmp(t, case_names[i].name) == 0)
-                break;
-        if (i == sizeof case_names / sizeof case_names[0]) {
-            fprintf(stderr, "ctl-bench: unknown case '%s'\n", t);
-            return -1;
-        }
-        *out |= case_names[i].bit;
-    }
-    return 0;
-}
 
 static void print_header(int argc, char **argv)
 {
@@ -1797,13 +1734,14 @@ int main(int argc, char **argv)
             cfg.quick = 1;
             break;
         case 'c':
-            if (parse_cases(optarg, &cases) != 0)
+            if (bench_parse_cases(optarg, case_names,
+                                  sizeof case_names / sizeof case_names[0], &cases) != 0)
                 return 2;
             break;
         case 'r':
             rounds = (int)strtol(optarg, &end, 10);
-            if (*end || rounds < 1 || rounds > MAX_ROUNDS) {
-                fprintf(stderr, "ctl-bench: --rounds wants 1..%d\n", MAX_ROUNDS);
+            if (*end || rounds < 1 || rounds > BENCH_MAX_ROUNDS) {
+                fprintf(stderr, "ctl-bench: --rounds wants 1..%d\n", BENCH_MAX_ROUNDS);
                 return 2;
             }
             break;
@@ -1870,13 +1808,13 @@ int main(int argc, char **argv)
     print_table();
     printf("\ntargets (the project's goals) are checked for information only: ctl-bench has no "
            "thresholds.\n");
-    if (g_failed)
+    if (bench_failed)
         printf("ctl-bench: some cases FAILED (see the errors above)\n");
     for (size_t i = 0; i < n_notes; i++)
         free(notes[i]);
-    if (!g_failed)
+    if (!bench_failed)
         nftw(cfg.tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     else
         fprintf(stderr, "ctl-bench: kept %s for a look\n", cfg.tmpdir);
-    return g_failed ? 1 : 0;
+    return bench_failed ? 1 : 0;
 }

@@ -51,6 +51,32 @@ uint64_t pid_cpu_ticks(pid_t pid);
 double cpu_tick_seconds(void);
 
 /* Monotonic clock, in nanoseconds / seconds. */
+/* ---- what ctl-bench and ctl-scale share -------------------------------- */
+
+/* The rounds a case may run (--rounds). */
+#define BENCH_MAX_ROUNDS 101
+
+/* Messages on stderr, "<bench_prog>: ..." (the program sets bench_prog);
+ * bench_fail also sets bench_failed, which makes the program exit 1. */
+extern const char *bench_prog;
+extern int bench_failed;
+void bench_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void bench_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* qsort comparators, and the median of n <= BENCH_MAX_ROUNDS values. */
+int bench_cmp_double(const void *a, const void *b);
+int bench_cmp_u64(const void *a, const void *b);
+double bench_median(const double *v, int n);
+
+/* --case: a comma-separated list of names, each OR-ing its bit into *out.
+ * -1 (after saying which) on a name not in `names`. */
+typedef struct bench_case_name {
+    const char *name;
+    unsigned bit;
+} bench_case_name;
+int bench_parse_cases(const char *text, const bench_case_name *names, size_t count,
+                      unsigned *out);
+
 uint64_t now_ns(void);
 double now_s(void);
 

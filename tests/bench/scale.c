@@ -85,7 +85,6 @@
 
 #include <zmq.h>
 
-#define MAX_ROUNDS 101
 #define CALL_TIMEOUT_MS 60000
 #define LIST_TIMEOUT_MS 300000
 #define PER_HOST 64          /* units or echo sockets per child process */
@@ -105,10 +104,7 @@ enum {
     CASE_ALL = (1 << 4) - 1
 };
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} case_names[] = {
+static const bench_case_name case_names[] = {
     {"fanout", CASE_FANOUT}, {"held", CASE_HELD}, {"clients", CASE_CLIENTS},
     {"blobs", CASE_BLOBS},   {"all", CASE_ALL},
 };
@@ -121,74 +117,33 @@ typedef struct config {
 } config;
 
 static config cfg;
-static int g_failed;
 
 /* ---- messages ----------------------------------------------------------- */
 
-static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void progress(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ctl-scale: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ctl-scale: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    g_failed = 1;
-}
 
 /* ---- figures ------------------------------------------------------------ */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static double median(const double *v, int n)
-{
-    double tmp[MAX_ROUNDS];
-    if (n <= 0)
-        return 0;
-    memcpy(tmp, v, (size_t)n * sizeof *v);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-    return n % 2 ? tmp[n / 2] : (tmp[n / 2 - 1] + tmp[n / 2]) / 2;
-}
 
 /* The median of the per-round ratios a/b. */
 static double median_ratio(const double *a, const double *b, int n)
 {
-    double r[MAX_ROUNDS];
+    double r[BENCH_MAX_ROUNDS];
     int k = 0;
     for (int i = 0; i < n; i++)
         if (b[i] > 0)
             r[k++] = a[i] / b[i];
-    return median(r, k);
+    return bench_median(r, k);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* The p-th percentile of `n` latencies in ns (sorts them), in us. */
 static double pct_us(uint64_t *ns, size_t n, int p)
 {
     if (n == 0)
         return 0;
-    qsort(ns, n, sizeof *ns, cmp_u64);
+    qsort(ns, n, sizeof *ns, bench_cmp_u64);
     return (double)ns[(n - 1) * (size_t)p / 100] / 1e3;
 }
 
@@ -210,7 +165,7 @@ static void raise_nofile(void)
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-            progress("cannot raise the open-file limit: %s", strerror(errno));
+            bench_progress("cannot raise the open-file limit: %s", strerror(errno));
     }
 }
 
@@ -749,7 +704,7 @@ static int hosts_start(hosts *h, const char *kind, size_t n)
     h->kids = calloc(nk, sizeof *h->kids);
     h->endpoints = calloc(n, sizeof *h->endpoints);
     if (!h->kids || !h->endpoints) {
-        fail("out of memory");
+        bench_fail("out of memory");
         return -1;
     }
     for (size_t i = 0; i < nk; i++) {
@@ -758,7 +713,7 @@ static int hosts_start(hosts *h, const char *kind, size_t n)
         snprintf(count, sizeof count, "%zu", here);
         char *argv[] = {cfg.self, (char *)"--host", (char *)kind, count, NULL};
         if (kid_start(&h->kids[i], argv) != 0) {
-            fail("cannot start a %s host (%s): %s", kind, cfg.self, strerror(errno));
+            bench_fail("cannot start a %s host (%s): %s", kind, cfg.self, strerror(errno));
             return -1;
         }
         h->n_kids++;
@@ -767,7 +722,7 @@ static int hosts_start(hosts *h, const char *kind, size_t n)
         char line[256];
         for (;;) {
             if (kid_line(&h->kids[i], line, sizeof line, 60000) != 0) {
-                fail("%s host %zu of %zu (pid %d) did not come up (see its errors above)",
+                bench_fail("%s host %zu of %zu (pid %d) did not come up (see its errors above)",
                      kind, i + 1, nk, (int)h->kids[i].pid);
                 return -1;
             }
@@ -775,14 +730,14 @@ static int hosts_start(hosts *h, const char *kind, size_t n)
                 break;
             if (strncmp(line, "tcp://", 6) != 0 || h->n == n ||
                 strlen(line) >= BENCH_ENDPOINT_MAX) {
-                fail("%s host %zu: unexpected line '%s'", kind, i + 1, line);
+                bench_fail("%s host %zu: unexpected line '%s'", kind, i + 1, line);
                 return -1;
             }
             memcpy(h->endpoints[h->n++], line, strlen(line) + 1);
         }
     }
     if (h->n != n) {
-        fail("%s hosts: %zu endpoints of %zu", kind, h->n, n);
+        bench_fail("%s hosts: %zu endpoints of %zu", kind, h->n, n);
         return -1;
     }
     return 0;
@@ -792,7 +747,7 @@ static void hosts_stop(hosts *h)
 {
     for (size_t i = 0; h->kids && i < h->n_kids; i++)
         if (kid_stop(&h->kids[i], 20000) != 0)
-            fail("a host (child %zu) did not exit cleanly", i + 1);
+            bench_fail("a host (child %zu) did not exit cleanly", i + 1);
     free(h->kids);
     free(h->endpoints);
     memset(h, 0, sizeof *h);
@@ -827,7 +782,7 @@ static int fan_ours_batch(fan_ours *f)
     if (failed != 0)
         for (size_t i = 0; i < f->n; i++)
             if (f->outcomes[i].error.kind != CTL_OK) {
-                fail("stats_many over %zu units: %d failed, first %s", f->n, failed,
+                bench_fail("stats_many over %zu units: %d failed, first %s", f->n, failed,
                      f->outcomes[i].error.msg);
                 break;
             }
@@ -842,7 +797,7 @@ static int fan_bare_batch(fan_bare *f)
     size_t left = f->n;
     for (size_t i = 0; i < f->n; i++) {
         if (zmq_send(f->socks[i], stats_req, sizeof stats_req, 0) < 0) {
-            fail("bare fan-out: send to socket %zu: %s", i, zmq_strerror(zmq_errno()));
+            bench_fail("bare fan-out: send to socket %zu: %s", i, zmq_strerror(zmq_errno()));
             return -1;
         }
         f->which[i] = i;
@@ -852,7 +807,7 @@ static int fan_bare_batch(fan_bare *f)
             f->items[j] = (zmq_pollitem_t){f->socks[f->which[j]], 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(f->items, (int)left, CALL_TIMEOUT_MS);
         if (rc <= 0) {
-            fail("bare fan-out over %zu: %s", f->n,
+            bench_fail("bare fan-out over %zu: %s", f->n,
                  rc == 0 ? "timed out" : zmq_strerror(zmq_errno()));
             return -1;
         }
@@ -875,7 +830,7 @@ static int fan_bare_batch(fan_bare *f)
 }
 
 typedef struct fan_side {
-    double p50[MAX_ROUNDS], p99[MAX_ROUNDS], cpu[MAX_ROUNDS];
+    double p50[BENCH_MAX_ROUNDS], p99[BENCH_MAX_ROUNDS], cpu[BENCH_MAX_ROUNDS];
     double rss_kib, fds;        /* per address, after the first batch */
 } fan_side;
 
@@ -886,7 +841,7 @@ static int fan_round(int bare, fan_ours *o, fan_bare *b, size_t batches, int r,
     uint64_t *lat = malloc(batches * sizeof *lat);
     size_t n = bare ? b->n : o->n;
     if (!lat) {
-        fail("out of memory");
+        bench_fail("out of memory");
         return -1;
     }
     double c0 = cpu_us_self();
@@ -943,7 +898,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     b.items = calloc(n, sizeof *b.items);
     b.which = calloc(n, sizeof *b.which);
     if (!o.addresses || !o.outcomes || !b.socks || !b.items || !b.which) {
-        fail("out of memory");
+        bench_fail("out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++)
@@ -955,7 +910,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     ctl_client_options_init(&co);
     co.zmq_context = octx;
     if (!octx || ctl_client_new(&co, &o.client, &err) != 0) {
-        fail("fan-out client: %s", octx ? err.msg : "no ZeroMQ context");
+        bench_fail("fan-out client: %s", octx ? err.msg : "no ZeroMQ context");
         goto out;
     }
     self_usage(&fd0, &rss0);
@@ -968,7 +923,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     /* Bare: a DEALER per address, likewise. */
     bctx = scale_ctx(2 * n + 256);
     if (!bctx) {
-        fail("bare fan-out: no ZeroMQ context");
+        bench_fail("bare fan-out: no ZeroMQ context");
         goto out;
     }
     self_usage(&fd0, &rss0);
@@ -977,7 +932,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
         b.socks[i] = zmq_socket(bctx, ZMQ_DEALER);
         if (!b.socks[i] || zmq_setsockopt(b.socks[i], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
             zmq_connect(b.socks[i], echos->endpoints[i]) != 0) {
-            fail("bare fan-out: DEALER %zu of %zu to %s: %s", i + 1, n, echos->endpoints[i],
+            bench_fail("bare fan-out: DEALER %zu of %zu to %s: %s", i + 1, n, echos->endpoints[i],
                  zmq_strerror(zmq_errno()));
             goto out;
         }
@@ -998,7 +953,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
             if (fan_round(bare, &o, &b, batches, r, bare ? &out->bare : &out->ours) != 0)
                 goto out;
         }
-        progress("fan-out to %zu: round %d/%d: batch p50 %.0f vs %.0f us, CPU %.1f vs %.1f "
+        bench_progress("fan-out to %zu: round %d/%d: batch p50 %.0f vs %.0f us, CPU %.1f vs %.1f "
                  "us/target", n, r + 1, cfg.rounds, out->ours.p50[r], out->bare.p50[r],
                  out->ours.cpu[r], out->bare.cpu[r]);
     }
@@ -1031,7 +986,7 @@ static int case_fanout(void)
     int rc = -1, done = 0;
     memset(&units, 0, sizeof units);
     memset(&echos, 0, sizeof echos);
-    progress("fan-out: starting %zu units and %zu echo sockets, %d to a process", max, max,
+    bench_progress("fan-out: starting %zu units and %zu echo sockets, %d to a process", max, max,
              PER_HOST);
     if (hosts_start(&units, "units", max) != 0 || hosts_start(&echos, "echo", max) != 0)
         goto out;
@@ -1056,10 +1011,10 @@ out:
            "| p50 per target us | bare per target us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
-        double p50o = median(s->ours.p50, R), p50b = median(s->bare.p50, R);
+        double p50o = bench_median(s->ours.p50, R), p50b = bench_median(s->bare.p50, R);
         printf("| %zu | %.0f | %.0f | %.3fx | %.0f | %.0f | %.3fx | %.2f | %.2f |\n", s->n,
                p50o, p50b, median_ratio(s->ours.p50, s->bare.p50, R),
-               median(s->ours.p99, R), median(s->bare.p99, R),
+               bench_median(s->ours.p99, R), bench_median(s->bare.p99, R),
                median_ratio(s->ours.p99, s->bare.p99, R), p50o / (double)s->n,
                p50b / (double)s->n);
     }
@@ -1069,7 +1024,7 @@ out:
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
         printf("| %zu | %.2f | %.2f | %.3fx | %.1f | %.1f | %.2f | %.2f |\n", s->n,
-               median(s->ours.cpu, R), median(s->bare.cpu, R),
+               bench_median(s->ours.cpu, R), bench_median(s->bare.cpu, R),
                median_ratio(s->ours.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
                s->ours.fds, s->bare.fds);
     }
@@ -1119,7 +1074,7 @@ static int held_fill(storage_unit *su, size_t *have, size_t level)
     }
     pthread_mutex_unlock(&su->lock);
     if (rc != 0)
-        fail("filling the store at %zu blobs: %s", *have, err.msg ? err.msg : "failed");
+        bench_fail("filling the store at %zu blobs: %s", *have, err.msg ? err.msg : "failed");
     ctl_error_fini(&err);
     return rc ? -1 : 0;
 }
@@ -1156,7 +1111,7 @@ static int held_call(ctl_client *c, const char *addr, int op, const char *key)
             rc = ctl_error_set(&err, CTL_PROTOCOL, "describe: wrong result");
     }
     if (rc != 0)
-        fail("%s of %s at %s: %s", held_op_names[op], key, addr, err.msg ? err.msg : "failed");
+        bench_fail("%s of %s at %s: %s", held_op_names[op], key, addr, err.msg ? err.msg : "failed");
     ctl_reply_destroy(&reply);
     ctl_error_fini(&err);
     return rc ? -1 : 0;
@@ -1178,7 +1133,7 @@ static int held_list(ctl_client *c, const char *addr, const char *prefix, uint32
     if (rc == 0 && want >= 0 && res.count != (size_t)want)
         rc = ctl_error_set(&err, CTL_PROTOCOL, "%zu keys, not %ld", res.count, want);
     if (rc != 0)
-        fail("list (prefix '%s', limit %u) at %s: %s", prefix, (unsigned)limit, addr,
+        bench_fail("list (prefix '%s', limit %u) at %s: %s", prefix, (unsigned)limit, addr,
              err.msg ? err.msg : "failed");
     ctl_reply_destroy(&reply);
     ctl_error_fini(&err);
@@ -1193,7 +1148,7 @@ static int held_stats(ctl_client *c, const char *addr, uint64_t *blobs)
     ctl_error_init(&err);
     int rc = storage_stats(c, addr, CALL_TIMEOUT_MS, &res, &reply, &err);
     if (rc != 0)
-        fail("stats at %s: %s", addr, err.msg ? err.msg : "failed");
+        bench_fail("stats at %s: %s", addr, err.msg ? err.msg : "failed");
     else if (blobs)
         *blobs = res.blobs;
     ctl_reply_destroy(&reply);
@@ -1235,12 +1190,12 @@ static int held_repeat(held_fn fn, ctl_client *c, const char *addr, int arg, int
 static int held_measure(ctl_client *c, const char *addr, held_level *lv, size_t rss0_kib)
 {
     size_t calls = cfg.quick ? 300 : 3000;
-    double p50[H_OPS][MAX_ROUNDS], p99[H_OPS][MAX_ROUNDS];
+    double p50[H_OPS][BENCH_MAX_ROUNDS], p99[H_OPS][BENCH_MAX_ROUNDS];
     uint64_t *lat = malloc(calls * sizeof *lat);
     uint64_t x = 0x9e3779b97f4a7c15u ^ lv->blobs, blobs = 0;
     char key[32];
     if (!lat) {
-        fail("out of memory");
+        bench_fail("out of memory");
         return -1;
     }
     for (int op = 0; op < H_OPS; op++) /* warm */
@@ -1264,8 +1219,8 @@ static int held_measure(ctl_client *c, const char *addr, held_level *lv, size_t 
         }
     }
     for (int op = 0; op < H_OPS; op++) {
-        lv->p50[op] = median(p50[op], cfg.rounds);
-        lv->p99[op] = median(p99[op], cfg.rounds);
+        lv->p50[op] = bench_median(p50[op], cfg.rounds);
+        lv->p99[op] = bench_median(p99[op], cfg.rounds);
     }
     free(lat);
     lat = NULL;
@@ -1275,7 +1230,7 @@ static int held_measure(ctl_client *c, const char *addr, held_level *lv, size_t 
         held_stats(c, addr, &blobs) != 0)
         goto fail;
     if (blobs != lv->blobs + HELD_FEW) {
-        fail("held: the unit reports %" PRIu64 " blobs, not %zu", blobs, lv->blobs + HELD_FEW);
+        bench_fail("held: the unit reports %" PRIu64 " blobs, not %zu", blobs, lv->blobs + HELD_FEW);
         goto fail;
     }
     malloc_trim(0);
@@ -1304,13 +1259,13 @@ static int case_held(void)
     /* 10 million blobs take about 2.1 GB here (node with its table and
      * tree links, key, bytes, table); a list gathers one page. */
     if (!cfg.quick && mem_available_kib() < ((uint64_t)6 << 20)) {
-        progress("held: less than 6 GiB available; stopping at 1 million blobs");
+        bench_progress("held: less than 6 GiB available; stopping at 1 million blobs");
         n_levels = 2;
     }
     malloc_trim(0);
     size_t rss0 = up_rss_kib(0);
     if (bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0) {
-        fail("held: %s", why);
+        bench_fail("held: %s", why);
         goto out;
     }
     storage_unit *su = bench_unit_storage(unit);
@@ -1326,17 +1281,17 @@ static int case_held(void)
     }
     pthread_mutex_unlock(&su->lock);
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("held: client: %s", err.msg);
+        bench_fail("held: client: %s", err.msg);
         goto out;
     }
     for (size_t k = 0; k < n_levels; k++) {
         double t0 = now_s();
         lv[k].blobs = levels[k];
-        progress("held: filling to %zu blobs", levels[k]);
+        bench_progress("held: filling to %zu blobs", levels[k]);
         if (held_fill(su, &have, levels[k]) != 0)
             goto out;
         lv[k].fill_s = now_s() - t0;
-        progress("held: %zu blobs (filled in %.1f s); measuring", levels[k], lv[k].fill_s);
+        bench_progress("held: %zu blobs (filled in %.1f s); measuring", levels[k], lv[k].fill_s);
         if (held_measure(client, addr, &lv[k], rss0) != 0)
             goto out;
         done++;
@@ -1396,7 +1351,7 @@ static int case_clients(void)
     unit.pid = 0;
     unit.out_fd = -1;
     if (!kids || nk > 64) {
-        fail("clients: out of memory");
+        bench_fail("clients: out of memory");
         goto out;
     }
     /* Start the unit with the usual soft limit of 1024 open files: it must
@@ -1409,12 +1364,12 @@ static int case_clients(void)
     int up = up_start(&unit, CTL_SCALE_UNIT, NULL, NULL, 20000);
     setrlimit(RLIMIT_NOFILE, &rl);
     if (up != 0) {
-        fail("clients: cannot start %s", CTL_SCALE_UNIT);
+        bench_fail("clients: cannot start %s", CTL_SCALE_UNIT);
         goto out;
     }
     unit_nofile = proc_nofile(unit.pid);
     if (ctl_client_new(NULL, &client, &err) != 0) {
-        fail("clients: client: %s", err.msg);
+        bench_fail("clients: client: %s", err.msg);
         goto out;
     }
     {
@@ -1425,7 +1380,7 @@ static int case_clients(void)
         a.data = ctl_str_c("0123456789");
         if (storage_put(client, unit.endpoint, &a, CALL_TIMEOUT_MS, &stored, &err) != 0 ||
             held_stats(client, unit.endpoint, NULL) != 0) {
-            fail("clients: put at %s: %s", unit.endpoint, err.msg ? err.msg : "failed");
+            bench_fail("clients: put at %s: %s", unit.endpoint, err.msg ? err.msg : "failed");
             goto out;
         }
     }
@@ -1438,7 +1393,7 @@ static int case_clients(void)
     }
     fd0 = up_count_fds(unit.pid);
     rss0 = up_rss_kib(unit.pid);
-    progress("clients: %d clients in %d processes against %s (pid %d, open-file limit %llu)",
+    bench_progress("clients: %d clients in %d processes against %s (pid %d, open-file limit %llu)",
              total, nk, unit.endpoint, (int)unit.pid, unit_nofile);
     for (int i = 0; i < nk; i++) {
         char count[16], ncalls[16];
@@ -1447,7 +1402,7 @@ static int case_clients(void)
         snprintf(ncalls, sizeof ncalls, "%d", calls);
         char *argv[] = {cfg.self, (char *)"--clients-host", count, unit.endpoint, ncalls, NULL};
         if (kid_start(&kids[i], argv) != 0) {
-            fail("clients: cannot start a clients host: %s", strerror(errno));
+            bench_fail("clients: cannot start a clients host: %s", strerror(errno));
             goto out;
         }
         started++;
@@ -1455,7 +1410,7 @@ static int case_clients(void)
     for (int i = 0; i < nk; i++) {
         char line[128];
         if (kid_line(&kids[i], line, sizeof line, 120000) != 0 || strcmp(line, "ready") != 0) {
-            fail("clients: clients host %d did not get ready", i + 1);
+            bench_fail("clients: clients host %d did not get ready", i + 1);
             goto out;
         }
     }
@@ -1469,7 +1424,7 @@ static int case_clients(void)
         double a = 0, b = 0, c = 0;
         if (kid_line(&kids[i], line, sizeof line, 300000) != 0 ||
             sscanf(line, "done %d %d %lf %lf %lf", &o, &f, &a, &b, &c) != 5) {
-            fail("clients: clients host %d did not report", i + 1);
+            bench_fail("clients: clients host %d did not report", i + 1);
             goto out;
         }
         ok += o;
@@ -1485,7 +1440,7 @@ static int case_clients(void)
     rss1 = up_rss_kib(unit.pid);
     for (int i = 0; i < nk; i++)
         if (kid_stop(&kids[i], 60000) > 1)
-            fail("clients: clients host %d did not exit cleanly", i + 1);
+            bench_fail("clients: clients host %d did not exit cleanly", i + 1);
     started = 0;
     /* The connections close: the unit's files go back down. */
     for (int i = 0; i < 500 && (fd2 = up_count_fds(unit.pid)) > fd0 + 1; i++) {
@@ -1497,15 +1452,15 @@ static int case_clients(void)
         storage_UnitStats st;
         ctl_reply *reply = NULL;
         if (storage_stats(client, unit.endpoint, CALL_TIMEOUT_MS, &st, &reply, &err) != 0) {
-            fail("clients: stats at the end: %s", err.msg);
+            bench_fail("clients: stats at the end: %s", err.msg);
         } else if (st.requests - requests0 < (uint64_t)total * (uint64_t)calls) {
-            fail("clients: the unit counted %" PRIu64 " requests, fewer than %d",
+            bench_fail("clients: the unit counted %" PRIu64 " requests, fewer than %d",
                  st.requests - requests0, total * calls);
         }
         ctl_reply_destroy(&reply);
     }
     if (ok != total * calls || failed)
-        fail("clients: %d of %d calls answered, %d failed", ok, total * calls, failed);
+        bench_fail("clients: %d of %d calls answered, %d failed", ok, total * calls, failed);
     else
         rc = 0;
 out:
@@ -1513,7 +1468,7 @@ out:
         kid_stop(&kids[i], 10000);
     ctl_client_destroy(&client);
     if (unit.pid > 0 && up_stop(&unit, 20000) != 0)
-        fail("clients: %s did not stop cleanly", CTL_SCALE_UNIT);
+        bench_fail("clients: %s did not stop cleanly", CTL_SCALE_UNIT);
     ctl_error_fini(&err);
     free(kids);
     if (fd1 == 0)
@@ -1523,7 +1478,7 @@ out:
     printf("| calls answered | wall s | call p50 us | call p99 us | call max us | listen "
            "overflows | unit open-file limit |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     printf("| %d of %d | %.2f | %.0f | %.0f | %.0f | %lld | %llu (started with 1024) |\n\n",
-           ok, total * calls, elapsed, median(p50s, nk), p99, max, overflows, unit_nofile);
+           ok, total * calls, elapsed, bench_median(p50s, nk), p99, max, overflows, unit_nofile);
     printf("| unit | before | all connected | after they left | per connection |\n"
            "|---|---:|---:|---:|---:|\n");
     printf("| open files | %d | %d | %d | %.2f |\n", fd0, fd1, fd2,
@@ -1554,13 +1509,13 @@ static int case_blobs(void)
     fflush(stdout);
     int rc = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
     if (rc != 0) {
-        fail("blobs: cannot run %s: %s", argv[0], strerror(rc));
+        bench_fail("blobs: cannot run %s: %s", argv[0], strerror(rc));
         return -1;
     }
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fail("blobs: %s failed (status %d)", argv[0], status);
+        bench_fail("blobs: %s failed (status %d)", argv[0], status);
         return -1;
     }
     return 0;
@@ -1597,24 +1552,6 @@ static void usage(FILE *f)
             "(--host and --clients-host are internal: the children the cases start.)\n");
 }
 
-static int parse_cases(const char *text, unsigned *out)
-{
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", text);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
-         t = strtok_r(NULL, ",", &save)) {
-        size_t i;
-        for (i = 0; i < sizeof case_names / sizeof case_names[0]; i++)
-            if (strcmp(t, case_names[i].name) == 0)
-                break;
-        if (i == sizeof case_names / sizeof case_names[0]) {
-            fprintf(stderr, "ctl-scale: unknown case '%s'\n", t);
-            return -1;
-        }
-        *out |= case_names[i].bit;
-    }
-    return 0;
-}
 
 static int parse_count(const char *text, long max, long *out)
 {
@@ -1647,6 +1584,7 @@ static int internal_mode(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    bench_prog = "ctl-scale";
     static const struct option opts[] = {
         {"quick", no_argument, NULL, 'q'},
         {"case", required_argument, NULL, 'c'},
@@ -1665,13 +1603,14 @@ int main(int argc, char **argv)
             cfg.quick = 1;
             break;
         case 'c':
-            if (parse_cases(optarg, &cases) != 0)
+            if (bench_parse_cases(optarg, case_names,
+                                  sizeof case_names / sizeof case_names[0], &cases) != 0)
                 return 2;
             break;
         case 'r':
             rounds = (int)strtol(optarg, &end, 10);
-            if (*end || rounds < 1 || rounds > MAX_ROUNDS) {
-                fprintf(stderr, "ctl-scale: --rounds wants 1..%d\n", MAX_ROUNDS);
+            if (*end || rounds < 1 || rounds > BENCH_MAX_ROUNDS) {
+                fprintf(stderr, "ctl-scale: --rounds wants 1..%d\n", BENCH_MAX_ROUNDS);
                 return 2;
             }
             break;
@@ -1721,7 +1660,7 @@ int main(int argc, char **argv)
         case_clients();
     if (cfg.cases & CASE_BLOBS)
         case_blobs();
-    printf("\nctl-scale: %.0f s%s\n", now_s() - t0, g_failed ? "; some cases FAILED (see the "
+    printf("\nctl-scale: %.0f s%s\n", now_s() - t0, bench_failed ? "; some cases FAILED (see the "
                                                                "errors above)" : "");
-    return g_failed ? 1 : 0;
+    return bench_failed ? 1 : 0;
 }

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,6 +507,79 @@ int bench_run(char *const argv[], char *const envp[], const char *log_path,
         snprintf(why, why_len, "%s failed (status %d); its output is in %s",
                  argv[0], status, log_path);
         return -1;
+    }
+    return 0;
+}
+
+/* ---- what ctl-bench and ctl-scale share -------------------------------- */
+
+const char *bench_prog = "ctl-bench";
+int bench_failed;
+
+static void say(const char *what, const char *fmt, va_list ap)
+{
+    fprintf(stderr, "%s: %s", bench_prog, what);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+void bench_progress(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say("", fmt, ap);
+    va_end(ap);
+}
+
+void bench_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say("error: ", fmt, ap);
+    va_end(ap);
+    bench_failed = 1;
+}
+
+int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int bench_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_median(const double *v, int n)
+{
+    double tmp[BENCH_MAX_ROUNDS];
+    if (n <= 0)
+        return 0;
+    if (n > BENCH_MAX_ROUNDS)
+        n = BENCH_MAX_ROUNDS;
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, bench_cmp_double);
+    return n % 2 ? tmp[n / 2] : (tmp[n / 2 - 1] + tmp[n / 2]) / 2;
+}
+
+int bench_parse_cases(const char *text, const bench_case_name *names, size_t count,
+                      unsigned *out)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+         t = strtok_r(NULL, ",", &save)) {
+        size_t i;
+        for (i = 0; i < count; i++)
+            if (strcmp(t, names[i].name) == 0)
+                break;
+        if (i == count) {
+            fprintf(stderr, "%s: unknown case '%s'\n", bench_prog, t);
+            return -1;
+        }
+        *out |= names[i].bit;
     }
     return 0;
 }
