@@ -62,14 +62,7 @@ class Renderer:
         # Every C identifier below comes from here (see cnames.py).
         self.names = cnames.CNames(model.service, self.stem, model.records, model.ops,
                                    model.types, model.path, model.errors)
-        self.env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            keep_trailing_newline=True,
-            autoescape=False,
-        )
+        self.env = template_env()
         f = self.env.filters
         f["ctype"] = self.ctype
         f["decl"] = self.decl
@@ -115,15 +108,7 @@ class Renderer:
         return f"{c}{name}" if c.endswith("*") else f"{c} {name}"
 
     def display(self, path: str) -> str:
-        """An IDL path as shown in generated files: relative to the display root, never
-        absolute."""
-        if self.display_root:
-            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.display_root))
-            if not rel.startswith(".."):
-                return rel.replace(os.sep, "/")
-        if os.path.isabs(path):
-            return os.path.basename(path)
-        return path.replace(os.sep, "/")
+        return display_path(path, self.display_root)
 
     def tref(self, t: m.Type) -> str:
         """A pointer to the descriptor of `t`: the runtime's for scalars, the generated one's
@@ -202,18 +187,10 @@ class Renderer:
 
     def idl_sources(self):
         """Every IDL file read (main first), as the .c embeds it for _describe: display path,
-        bytes in chunks, size; and their hash. The bytes are read again here: the same files,
-        in the same run, that the parser just read."""
-        files, texts = [], []
-        for path in self.model.files:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise FatalError(f"cannot read {path}: {e.strerror}") from None
-            texts.append(data)
-            files.append({"path": self.display(path), "chunks": idl_chunks(data),
-                          "len": len(data)})
+        bytes in chunks, size; and their hash."""
+        texts = read_idl_files(self.model.files)
+        files = [{"path": self.display(path), "chunks": idl_chunks(data), "len": len(data)}
+                 for path, data in zip(self.model.files, texts)]
         return files, idl_hash(texts)
 
     def render(self, out_dir: str, stem: str) -> List[str]:
@@ -247,6 +224,43 @@ class Renderer:
 # The longest piece of an IDL file in one C string literal: C11 guarantees 4095 characters
 # per literal (-pedantic warns beyond).
 IDL_CHUNK_BYTES = 4000
+
+
+def template_env() -> jinja2.Environment:
+    """The jinja2 environment every renderer (C, Python) uses over TEMPLATES."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def display_path(path: str, display_root: Optional[str]) -> str:
+    """An IDL path as shown in generated files: relative to the display root, never
+    absolute."""
+    if display_root:
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(display_root))
+        if not rel.startswith(".."):
+            return rel.replace(os.sep, "/")
+    if os.path.isabs(path):
+        return os.path.basename(path)
+    return path.replace(os.sep, "/")
+
+
+def read_idl_files(paths: Iterable[str]) -> List[bytes]:
+    """The bytes of the IDL files a model was read from, as generated files embed them for
+    _describe: the same files, in the same run, that the parser just read."""
+    texts = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                texts.append(f.read())
+        except OSError as e:
+            raise FatalError(f"cannot read {path}: {e.strerror}") from None
+    return texts
 
 
 def idl_hash(texts: Iterable[bytes]) -> str:

@@ -28,11 +28,10 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Set
 
-import jinja2
-
 from . import model as m
 from .diag import FatalError
-from .render import TEMPLATES, idl_hash, write_depfile, write_if_changed
+from .render import (display_path, idl_hash, read_idl_files, template_env, write_depfile,
+                     write_if_changed)
 
 # Python keywords (soft keywords such as `match` are valid names). A fixed list, so the output
 # does not depend on the Python that runs the generator.
@@ -98,14 +97,7 @@ class PyRenderer:
         self.model = model
         self.names = PyNames(model)
         self.display_root = display_root
-        self.env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            keep_trailing_newline=True,
-            autoescape=False,
-        )
+        self.env = template_env()
         f = self.env.filters
         f["py_type"] = self.py_type
         f["in_type"] = self.in_type
@@ -234,28 +226,16 @@ class PyRenderer:
     # -- output ---------------------------------------------------------------------------
 
     def display(self, path: str) -> str:
-        if self.display_root:
-            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.display_root))
-            if not rel.startswith(".."):
-                return rel.replace(os.sep, "/")
-        if os.path.isabs(path):
-            return os.path.basename(path)
-        return path.replace(os.sep, "/")
+        return display_path(path, self.display_root)
 
     def idl_sources(self) -> tuple:
         """Every IDL file read (main first) as the module embeds it for _describe: (display
         path, its text as Python string literals, one per line), and the hash of their bytes
         (render.py's rule, the C stubs' hash)."""
-        files, texts = [], []
-        for path in self.model.files:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise FatalError(f"cannot read {path}: {e.strerror}") from None
-            texts.append(data)
-            lines = data.decode("utf-8").splitlines(keepends=True) or [""]
-            files.append((self.display(path), [repr(line) for line in lines]))
+        texts = read_idl_files(self.model.files)
+        files = [(self.display(path),
+                  [repr(line) for line in data.decode("utf-8").splitlines(keepends=True) or [""]])
+                 for path, data in zip(self.model.files, texts)]
         return files, idl_hash(texts)
 
     def render(self, out_dir: str) -> List[str]:
