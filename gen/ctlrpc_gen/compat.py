@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from . import ast, model as m
 from .check import check
 from .diag import Diagnostics, FatalError, Loc, printable
-from .parser import _Loader, load_program
+from .parser import Unreadable, _Loader, load_program
 
 SAFE, SOURCE, WIRE = 0, 1, 2
 CLASSES = ("safe", "source-breaking", "wire-breaking")
@@ -139,39 +139,20 @@ class _GitLoader(_Loader):
         self.in_rev[display] = None if outside else rel.replace(os.sep, "/")
         return super().open(display, real, via)
 
-    def read(self, display: str, via: Optional[ast.Import]) -> Optional[str]:
+    def fetch(self, display: str) -> bytes:
         rel = self.in_rev.get(display)
-        why = None
         if rel is None:
-            why = "it is outside the git repository"
-        else:
-            r = _git(["cat-file", "-t", f"{self.commit}:{rel}"], self.top)
-            kind = r.stdout.decode("ascii", "replace").strip()
-            if r.returncode != 0:
-                why = f"no such file in {self.rev}"
-            elif kind != "blob":
-                why = f"not a file in {self.rev}"
-        if why is None:
-            r = _git(["cat-file", "blob", f"{self.commit}:{rel}"], self.top)
-            if r.returncode != 0:
-                why = _first_line(r.stderr)
-        if why is not None:
-            if via is None:
-                self.diags.error(Loc(display, 0, 0), f"cannot read file: {why}")
-            else:
-                self.diags.error(via.loc, f"cannot import '{printable(via.path)}': {why}")
-            return None
-        data = r.stdout
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            good = data[:e.start].decode("utf-8")
-            line = good.count("\n") + 1
-            col = len(good) - (good.rfind("\n") + 1) + 1
-            self.diags.add_source(display, data.decode("utf-8", "replace"))
-            self.diags.error(Loc(display, line, col),
-                             f"invalid UTF-8 (byte 0x{data[e.start]:02x}); IDL files are UTF-8")
-            return None
+            raise Unreadable("it is outside the git repository")
+        r = _git(["cat-file", "-t", f"{self.commit}:{rel}"], self.top)
+        kind = r.stdout.decode("ascii", "replace").strip()
+        if r.returncode != 0:
+            raise Unreadable(f"no such file in {self.rev}")
+        if kind != "blob":
+            raise Unreadable(f"not a file in {self.rev}")
+        r = _git(["cat-file", "blob", f"{self.commit}:{rel}"], self.top)
+        if r.returncode != 0:
+            raise Unreadable(_first_line(r.stderr))
+        return r.stdout
 
 
 # -- reporting --------------------------------------------------------------------------------

@@ -425,6 +425,10 @@ def load_program(path: str, diags: Diagnostics) -> Optional[ast.Program]:
     return _Loader(diags).run(path)
 
 
+class Unreadable(Exception):
+    """A file that cannot be read; the message says why."""
+
+
 class _Loader:
     def __init__(self, diags: Diagnostics) -> None:
         self.diags = diags
@@ -440,16 +444,24 @@ class _Loader:
             return None
         return ast.Program(main, tuple(self.files), dict(self.imports), self.incomplete())
 
-    def read(self, display: str, via: Optional[ast.Import]) -> Optional[str]:
+    def fetch(self, display: str) -> bytes:
+        """The bytes of the file `display`; Unreadable says why not. (--against-git reads
+        from a git revision instead.)"""
         try:
             with open(display, "rb") as f:
-                data = f.read()
+                return f.read()
         except OSError as e:
-            reason = e.strerror or str(e)
+            raise Unreadable(e.strerror or str(e)) from None
+
+    def read(self, display: str, via: Optional[ast.Import]) -> Optional[str]:
+        """The text of `display` (UTF-8), or None after reporting why it cannot be read."""
+        try:
+            data = self.fetch(display)
+        except Unreadable as e:
             if via is None:
-                self.diags.error(Loc(display, 0, 0), f"cannot read file: {reason}")
+                self.diags.error(Loc(display, 0, 0), f"cannot read file: {e}")
             else:
-                self.diags.error(via.loc, f"cannot import '{printable(via.path)}': {reason}")
+                self.diags.error(via.loc, f"cannot import '{printable(via.path)}': {e}")
             return None
         try:
             return data.decode("utf-8")
