@@ -42,7 +42,6 @@ from typing import (Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, 
                     overload)
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from . import _wire, curve, errors, net
 
@@ -139,16 +138,8 @@ class _Watch:
             self.broken_at = 0.0
 
     def drain(self) -> None:
-        while True:
-            try:
-                frames = self.mon.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
-            try:
-                msg = parse_monitor_message(frames)
-            except Exception:
-                continue
-            self.fold(int(msg["event"]), int(msg["value"]))
+        for ev, value in net.monitor_events(self.mon):
+            self.fold(ev, value)
 
     def verdict(self, now: float) -> str:
         """What ends a call: "" (nothing), "refused", "unresolved", "handshake", "denied",

@@ -19,7 +19,10 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterator, Optional, Tuple
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 NODE_IP_ENV = "CTLRPC_NODE_IP"
 ENDPOINT_MAX = 256  # CTL_ENDPOINT_MAX, with its terminating NUL
@@ -158,3 +161,18 @@ def node_ip() -> str:
             raise ValueError(f"{NODE_IP_ENV}='{env}' is not an IPv4 address") from None
         return env
     return _probe_route() or _first_interface() or "127.0.0.1"
+
+
+def monitor_events(mon: "zmq.Socket[Any]") -> Iterator[Tuple[int, int]]:
+    """The (event, value) pairs waiting on a socket monitor, without blocking; frames that do
+    not parse as a monitor message are skipped."""
+    while True:
+        try:
+            frames = mon.recv_multipart(zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        try:
+            msg = parse_monitor_message(frames)
+        except Exception:
+            continue
+        yield int(msg["event"]), int(msg["value"])

@@ -45,7 +45,6 @@ from typing import (Any, Callable, Collection, Dict, Iterable, List, Mapping, Op
                     Tuple, Union)
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from . import _wire, curve, errors, net
 from ._version import __version__
@@ -676,15 +675,7 @@ class Server:
         """Count the ROUTER's connection events waiting on its monitor."""
         assert self._monitor is not None
         c = self._core.counters
-        while True:
-            try:
-                msg = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
-            try:
-                event = parse_monitor_message(msg)["event"]
-            except Exception:
-                continue
+        for event, _ in net.monitor_events(self._monitor):
             if event == zmq.EVENT_ACCEPTED:
                 c["accepted"] += 1
             elif event == zmq.EVENT_DISCONNECTED:
