@@ -517,6 +517,8 @@ const char *bench_prog = "ctl-bench";
 int bench_failed;
 
 static void say(const char *what, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static void say(const char *what, const char *fmt, va_list ap)
 {
     fprintf(stderr, "%s: %s", bench_prog, what);
     vfprintf(stderr, fmt, ap);
