@@ -2,7 +2,7 @@
 # puts in place, by component (the Debian packages of scripts/package.sh
 # are cut along them):
 #
-#   runtime      lib/libctlrpc.so.0 (and .so.0.x.y)
+#   runtime      lib/libctlrpc.so.1 (and .so.1.x.y)
 #   development  lib/libctlrpc.so, lib/libctlrpc.a, include/ctlrpc/*.h,
 #                bin/ctlrpc-gen with its package in share/ctlrpc/gen/,
 #                bin/ctlrpc (the generic caller: tools/ctlrpc/ctlrpc_caller.py
@@ -12,7 +12,8 @@
 #                lib/pkgconfig/ctlrpc.pc, share/man/man1/ctlrpc-gen.1
 #   programs     bin/ctl-storage-unit, bin/ctl-storage, their man pages
 #                (when CTLRPC_EXAMPLES)
-#   doc          share/doc/ctlrpc/: the README, docs/*.md, the storage IDL
+#   doc          share/doc/ctlrpc/: the README, docs/*.md, the storage IDL,
+#                the example project examples/consumer/ (the docs link to it)
 #   python       the Python runtime, package `ctlrpc`, in
 #                lib/python3/dist-packages/ (Debian's directory for
 #                packaged modules; on another prefix, put it on PYTHONPATH)
@@ -32,8 +33,13 @@ install(TARGETS ctlrpc_shared EXPORT ctlrpcTargets
           NAMELINK_COMPONENT development)
 install(TARGETS ctlrpc EXPORT ctlrpcTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development)
+if(CTLRPC_WITH_ETCD)
+  set(_ctl_header_skip "")
+else()
+  set(_ctl_header_skip PATTERN "directory.h" EXCLUDE)
+endif()
 install(DIRECTORY runtime/include/ctlrpc DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        COMPONENT development FILES_MATCHING PATTERN "*.h")
+        COMPONENT development FILES_MATCHING PATTERN "*.h" ${_ctl_header_skip})
 
 # ---- the generator -------------------------------------------------------
 install(DIRECTORY gen/ctlrpc_gen DESTINATION ${CTLRPC_GEN_PKG_DIR} COMPONENT development
@@ -66,6 +72,10 @@ install(FILES "${PROJECT_BINARY_DIR}/install/ctlrpcConfig.cmake"
 # only at install time (`cmake --install build --prefix P` overrides the
 # configured one), so it is written then; DESTDIR (the packages) is
 # honoured by file(INSTALL).
+set(CTLRPC_PC_REQUIRES_PRIVATE "libzmq msgpack")
+if(CTLRPC_WITH_ETCD)
+  string(APPEND CTLRPC_PC_REQUIRES_PRIVATE " libcurl jansson")
+endif()
 if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
   message(FATAL_ERROR "ctlrpc: CMAKE_INSTALL_LIBDIR and CMAKE_INSTALL_INCLUDEDIR must be "
                       "relative to the prefix")
@@ -76,6 +86,7 @@ install(CODE "
   set(CMAKE_INSTALL_INCLUDEDIR \"${CMAKE_INSTALL_INCLUDEDIR}\")
   set(CMAKE_INSTALL_BINDIR \"${CMAKE_INSTALL_BINDIR}\")
   set(PROJECT_VERSION \"${PROJECT_VERSION}\")
+  set(CTLRPC_PC_REQUIRES_PRIVATE \"${CTLRPC_PC_REQUIRES_PRIVATE}\")
   configure_file(\"${PROJECT_SOURCE_DIR}/cmake/ctlrpc.pc.in\"
                  \"${PROJECT_BINARY_DIR}/install/pc/ctlrpc.pc\" @ONLY)
   file(INSTALL \"${PROJECT_BINARY_DIR}/install/pc/ctlrpc.pc\"
@@ -93,7 +104,7 @@ endif()
 # ---- the generic caller ----------------------------------------------------
 # bin/ctlrpc finds its module and ctlrpc-gen's package (share/ctlrpc/gen) and the runtime
 # (CTLRPC_PYTHON_DIR) relative to itself.
-install(FILES tools/ctlrpc/ctlrpc_caller.py DESTINATION ${CTLRPC_GEN_PKG_DIR}
+install(FILES tools/ctlrpc/ctlrpc_caller.py tools/ctlrpc/ctlrpc_fleet.py DESTINATION ${CTLRPC_GEN_PKG_DIR}
         COMPONENT development)
 file(RELATIVE_PATH CTLRPC_PYTHON_FROM_BIN "/${CMAKE_INSTALL_BINDIR}" "/${CTLRPC_PYTHON_DIR}")
 configure_file(cmake/ctlrpc.in "${PROJECT_BINARY_DIR}/install/ctlrpc" @ONLY)
@@ -113,3 +124,5 @@ install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT doc)
 install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs COMPONENT doc
         FILES_MATCHING PATTERN "*.md")
 install(FILES idl/storage.idl DESTINATION ${CMAKE_INSTALL_DOCDIR}/idl COMPONENT doc)
+# The example project the docs link to (docs/USING.md): it builds against an install.
+install(DIRECTORY examples/consumer DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT doc)

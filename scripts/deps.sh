@@ -6,12 +6,23 @@ set -euo pipefail
 
 CTLRPC_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-dev
-  libzmq3-dev libmsgpack-dev libcmocka-dev
-  python3 python3-jinja2 python3-zmq python3-msgpack mypy
+  libzmq3-dev libmsgpack-dev libcmocka-dev libuv1-dev
+  libcurl4-openssl-dev libjansson-dev etcd-server etcd-client openssl
+  python3 python3-jinja2 python3-zmq python3-msgpack mypy python3-prometheus-client
+)
+
+# Optional, not in the default install (nor CI's): gRPC C++, for the comparison `ctl-bench
+# --vs-grpc` (docs/PERFORMANCE.md, "Against gRPC"; CMake builds it where these are found).
+# Installed when CTLRPC_GRPC=1 is set, or by `bash scripts/deps.sh --grpc`.
+CTLRPC_GRPC_PACKAGES=(
+  g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
 
 ctlrpc_install_deps() {
   ctlrpc_apt_install "${CTLRPC_PACKAGES[@]}"
+  if [ "${CTLRPC_GRPC:-0}" = 1 ]; then
+    ctlrpc_apt_install "${CTLRPC_GRPC_PACKAGES[@]}"
+  fi
 }
 
 # apt-get install those of the named packages that are not installed yet.
@@ -43,5 +54,10 @@ ctlrpc_build() {
 CTLRPC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    "") ;;
+    --grpc) CTLRPC_GRPC=1 ;;
+    *) echo "usage: $0 [--grpc]   (--grpc: also gRPC C++, for ctl-bench --vs-grpc)" >&2; exit 2 ;;
+  esac
   ctlrpc_install_deps
 fi

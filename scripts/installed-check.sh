@@ -22,4 +22,33 @@ ctlrpc stats --prometheus "$ep" | grep -q '^ctlrpc_' ||
   { echo "installed-check: no Prometheus lines from ctlrpc stats" >&2; exit 1; }
 kill -TERM "$unit"
 wait "$unit"
+
+# A fleet (when etcd is installed): a private etcd on free ports, the installed unit registers,
+# ctl-storage finds it by service name.
+if command -v etcd >/dev/null; then
+  dir=$(mktemp -d)
+  read -r cport pport < <(/usr/bin/python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+  url=http://127.0.0.1:$cport
+  etcd --name ic --data-dir "$dir/data" --listen-client-urls "$url" --advertise-client-urls "$url" \
+    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "ic=http://127.0.0.1:$pport" >"$dir/etcd.log" 2>&1 &
+  etcd_pid=$!
+  ctl-storage-unit --bind tcp://127.0.0.1:0 --etcd "$url" > "$out" 2>/dev/null &
+  unit=$!
+  trap 'kill "$unit" "$etcd_pid" 2>/dev/null || true; rm -rf "$out" "$dir"' EXIT
+  ok=0
+  for _ in $(seq 100); do
+    if ctl-storage --etcd "$url" --service storage stats >/dev/null 2>&1; then ok=1; break; fi
+    sleep 0.1
+  done
+  [ "$ok" -eq 1 ] || { echo "installed-check: ctl-storage --etcd found no unit" >&2; exit 1; }
+  echo "installed-check: ctl-storage --etcd $url --service storage stats: ok"
+  kill -TERM "$unit"
+  wait "$unit"
+  kill -TERM "$etcd_pid"
+  wait "$etcd_pid" || true
+fi
 echo "installed-check: ok"

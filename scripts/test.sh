@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: install what is missing, then build and run the suite three
-# times: plainly (build/), under AddressSanitizer + UBSan (build-asan/) and
-# under ThreadSanitizer (build-tsan/).
+# times: plainly (build/), under AddressSanitizer + UBSan (build-asan/; every
+# test that runs C code of ours) and under ThreadSanitizer (build-tsan/; the
+# tests of our threads).
 #   scripts/test.sh            all three
 #   scripts/test.sh plain      only the plain build
 #   scripts/test.sh asan       only the ASan + UBSan build
@@ -11,8 +12,8 @@
 # The TSan build uses clang and a libzmq built with TSan from Debian's
 # source (scripts/tsan-libzmq.sh; built once into build-tsan/libzmq-tsan/,
 # then reused). It runs the tests of our threads: the runtime tests
-# (stress included), the generated stubs, the storage service and the fault
-# tests; not the Python-driven tests, the compile-only checks, the fuzz
+# (stress included), the generated stubs, the storage service, the fault
+# tests and the fleet tests (etcd); not the Python-driven tests, the compile-only checks, the fuzz
 # corpus replays, the soak or the benchmark. Any TSan report fails
 # the run, also one from a child process (a storage unit) whose exit status
 # a test does not see: every process logs its reports under
@@ -29,8 +30,14 @@ case "$mode" in all|plain|asan|tsan) ;; *) echo "usage: $0 [all|plain|asan|tsan]
 # ours in a thread (compile and symbol checks, the standalone projects of
 # the regeneration and evolution tests) and the ones driven from Python.
 # The soak runs too; it does not judge its RSS under a sanitizer.
-CTLRPC_TSAN_LABELS='^(runtime|stubs|storage|faults|soak)$'
+CTLRPC_TSAN_LABELS='^(runtime|stubs|storage|faults|fleet|soak)$'
 CTLRPC_TSAN_EXCLUDE='^(stubs_strict_.*|stubs_regen_.*|stubs_evolve_.*|core_imports_.*|test_storage_cli)$'
+
+# What the ASan+UBSan build leaves out: the tests that run no C code of this
+# build (the generator's own tests, the standalone projects of the
+# regeneration, evolution and walk-through tests, the Python runtime's tests
+# that start no C program); the plain build runs them.
+CTLRPC_ASAN_EXCLUDE='^(gen_unittest|stubs_regen_.*|stubs_evolve_.*|using_walkthrough|test_python_(server|fuzz|churn|drain|retry|mypy)|pygen_(golden_py|generated|mypy))$'
 
 run_suite() {
   local dir=$1; shift
@@ -46,7 +53,7 @@ if [ "$mode" = all ] || [ "$mode" = asan ]; then
   ctlrpc_build "$CTLRPC_ROOT/build-asan" -DCTLRPC_TESTS=ON -DCTLRPC_SANITIZE=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_suite "$CTLRPC_ROOT/build-asan" "$@"
+    run_suite "$CTLRPC_ROOT/build-asan" -E "$CTLRPC_ASAN_EXCLUDE" "$@"
 fi
 if [ "$mode" = all ] || [ "$mode" = tsan ]; then
   tsan=$CTLRPC_ROOT/build-tsan

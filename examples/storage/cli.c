@@ -2,6 +2,7 @@
  * cli.c - ctl-storage: call the ops of storage units from a shell.
  *
  *   ctl-storage --address ADDR [--address ADDR...] [--timeout T] [--json] CMD ...
+ *   ctl-storage --etcd URL[,URL...] [--service NAME] [--namespace NS] ... CMD ...
  *
  * One subcommand per op of idl/storage.idl, each a thin layer over the
  * generated typed stubs. Output is for people by default and JSON with
@@ -14,6 +15,11 @@
  * With several addresses, `stats` and `list` fan out through call_many and
  * print one row per unit; the status is that of the first unit (in the
  * order given) that failed.
+ *
+ * With --etcd (or $CTLRPC_ETCD when no --address is given), the units are
+ * every serving unit of the service in etcd (ctlrpc/directory.h): a
+ * directory lists them once. When etcd cannot be reached the program ends
+ * with status 8, naming the endpoints.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,7 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fleet.h"
 #include "storage.ctl.h"
+#ifdef CTLRPC_WITH_ETCD
+#include "ctlrpc/directory.h"
+#endif
 
 enum {
     EXIT_LOCAL = 1,
@@ -41,16 +51,22 @@ enum {
 #define MAX_ADDRESSES 256
 
 typedef struct cli {
-    const char *addresses[MAX_ADDRESSES];
+    const char *given[MAX_ADDRESSES]; /* --address */
+    const char **addresses;           /* given, or the serving units in etcd */
+    const char **unit_ids;            /* with etcd: each address's unit id; else NULL */
     size_t n_addresses;
     int timeout_ms;
     int json;
+    int verbose;                      /* --verbose: say how each unit was read */
     ctl_client *client;
 } cli;
 
 static const char usage_text[] =
     "usage: ctl-storage --address ADDR [--address ADDR...] [--timeout T] [--json]\n"
-    "                   COMMAND [ARGS]\n"
+    "                   [--verbose] [--retries N] [--retry-busy] COMMAND [ARGS]\n"
+    "       ctl-storage --etcd URL[,URL...] [--service NAME] [--namespace NS]\n"
+    "                   [--timeout T] [--json] [--verbose] [--retries N]\n"
+    "                   [--retry-busy] COMMAND [ARGS]\n"
     "\n"
     "commands (one per op of idl/storage.idl):\n"
     "  put KEY FILE|- [--pin]   store FILE (- for stdin) under KEY\n"
@@ -71,14 +87,32 @@ static const char usage_text[] =
     "  --timeout T      deadline per call or batch: 2.5 (seconds), 500ms, 3s\n"
     "                   (default 5s)\n"
     "  --json           print JSON instead of text\n"
+    "  --verbose        say on stderr how each unit was read (list: paged, or\n"
+    "                   in one call from a unit older than paging)\n"
+    "  --retries N      retry a failed call up to N times within its deadline\n"
+    "                   (default 0): a connection refused before anything was\n"
+    "                   sent; a timeout or a dropped connection only for ops\n"
+    "                   declared idempotent\n"
+    "  --retry-busy     with --retries, retry Busy too (never \"draining\")\n"
     "  --curve-server-key FILE   talk CURVE to units with this public key\n"
     "  --curve-key FILE          this client's secret key (for units with an\n"
     "                   allowlist; must not be readable by others)\n"
     "\n"
+    "fleet (instead of --address: every serving unit of a service in etcd):\n"
     "exit status: 0 ok, 1 local failure, 2 usage, 3 UnitFull, 4 Busy,\n"
     "5 Missing, 6 Transfer (protocol, transport, bad reply, too large),\n"
     "7 timeout, 8 unreachable (connection refused, host does not resolve),\n"
-    "9 authentication failed (CURVE keys or allowlist)\n";
+    "9 authentication failed (CURVE keys or allowlist); with --etcd, 8 also\n"
+    "when etcd cannot be reached or the service has no serving unit\n";
+
+static void print_usage(FILE *f)
+{
+    size_t split = strstr(usage_text, "exit status:") - usage_text;
+    fwrite(usage_text, 1, split, f);
+    fleet_usage(f);
+    fputs("\n", f);
+    fputs(usage_text + split, f);
+}
 
 static int usage_error(const char *fmt, ...) CTL_PRINTF(1, 2);
 static int usage_error(const char *fmt, ...)
@@ -206,6 +240,15 @@ static void base64(FILE *f, ctl_str b)
     }
 }
 
+/* With etcd: `, "unit_id": "..."` for unit i. */
+static void json_unit_id(const cli *c, size_t i)
+{
+    if (c->unit_ids && c->unit_ids[i]) {
+        printf(", \"unit_id\": ");
+        json_cstr(stdout, c->unit_ids[i]);
+    }
+}
+
 /* ---- errors ---------------------------------------------------------- */
 
 /* Report a failed call: one line (or a JSON object) and its status. */
@@ -240,6 +283,9 @@ static int one_address(const cli *c, const char *cmd)
 {
     if (c->n_addresses == 1)
         return 0;
+    if (c->addresses != c->given)
+        return usage_error("%s takes exactly one unit, and the service has %zu serving "
+                           "units: give --address", cmd, c->n_addresses);
     return usage_error("%s takes exactly one --address", cmd);
 }
 
@@ -527,13 +573,62 @@ static int cmd_notify(cli *c, int argc, char **argv, const char *cmd)
 #define LIST_PAGE 1000u
 
 /* One round of list pages: the units still being read (who[k] is the
- * address index of outcome k) and their outcomes. */
+ * address index of outcome k) and their outcomes. An outcome is superseded
+ * when its unit refused to page and was asked again without paging. */
 typedef struct list_round {
     size_t m;
     size_t *who;
     storage_list_args *args;
     storage_list_outcome *out;
+    bool *superseded;
 } list_round;
+
+/* Whether `c` may stand next to an argument's name inside a word. */
+static bool name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_';
+}
+
+/* Whether `msg` holds `name` as a word of its own. */
+static bool names_word(const char *msg, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = msg; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == msg || !name_char(p[-1])) && !name_char(p[n]))
+            return true;
+    return false;
+}
+
+/*
+ * Whether a failed first list page says the unit does not know the paging
+ * args. A unit of the first release of storage.idl serves list(prefix)
+ * alone and answers an argument it does not know with a Protocol error
+ * naming it (docs/PROTOCOL.md): ctlrpc's units say "op 'list': arg limit:
+ * not an arg of list", the reference design's Python units "list() got an
+ * unexpected keyword argument 'limit'". A unit that pages has no Protocol
+ * error naming either for a page with a limit (its own page limit only
+ * shortens the page), so the name is what tells; a timeout, a refused
+ * connection or any other error is reported as it is.
+ */
+static bool refuses_paging(const ctl_error *err, const char *address)
+{
+    if (err->kind != CTL_TRANSFER || err->cause != CTL_CAUSE_REMOTE || !err->msg)
+        return false;
+    /* The unit's words follow "list at ADDR": a host named "limit" is not one. */
+    const char *at = strstr(err->msg, address);
+    const char *said = at ? at + strlen(address) : err->msg;
+    return names_word(said, "limit") || names_word(said, "after");
+}
+
+static void list_round_fini(list_round *r)
+{
+    storage_list_outcomes_fini(r->out, r->m);
+    free(r->out);
+    free(r->args);
+    free(r->who);
+    free(r->superseded);
+}
 
 static int cmd_list(cli *c, int argc, char **argv)
 {
@@ -554,7 +649,11 @@ static int cmd_list(cli *c, int argc, char **argv)
     list_round *rounds = NULL;
     ctl_str *after = calloc(n, sizeof *after);
     bool *active = calloc(n, sizeof *active);
-    int rc = after && active ? 0 : EXIT_LOCAL;
+    /* Units that refused to page: asked once for every key, without the
+     * paging args. Remembered for the rest of the command. */
+    bool *unpaged = calloc(n, sizeof *unpaged);
+    size_t *pages = calloc(n, sizeof *pages);
+    int rc = after && active && unpaged && pages ? 0 : EXIT_LOCAL;
     for (size_t i = 0; i < n && rc == 0; i++)
         active[i] = true;
     /* Page through every unit at once: each round asks the units not yet
@@ -575,11 +674,13 @@ static int cmd_list(cli *c, int argc, char **argv)
         r->who = calloc(left, sizeof *r->who);
         r->args = calloc(left, sizeof *r->args);
         r->out = calloc(left, sizeof *r->out);
+        r->superseded = calloc(left, sizeof *r->superseded);
         const char **addrs = calloc(left, sizeof *addrs);
-        if (!r->who || !r->args || !r->out || !addrs) {
+        if (!r->who || !r->args || !r->out || !r->superseded || !addrs) {
             free(r->who);
             free(r->args);
             free(r->out);
+            free(r->superseded);
             free(addrs);
             rc = EXIT_LOCAL;
             break;
@@ -590,10 +691,14 @@ static int cmd_list(cli *c, int argc, char **argv)
                 continue;
             r->who[k] = i;
             addrs[k] = c->addresses[i];
+            /* The stubs leave out arguments at their defaults: an unpaged
+             * call sends the prefix alone, as the first release did. */
             r->args[k] = (storage_list_args)STORAGE_LIST_ARGS_INIT;
             r->args[k].prefix = prefix;
-            r->args[k].after = after[i];
-            r->args[k].limit = LIST_PAGE;
+            if (!unpaged[i]) {
+                r->args[k].after = after[i];
+                r->args[k].limit = LIST_PAGE;
+            }
             k++;
         }
         storage_list_many(c->client, addrs, r->args, r->m, c->timeout_ms, r->out);
@@ -601,8 +706,17 @@ static int cmd_list(cli *c, int argc, char **argv)
         for (size_t k = 0; k < r->m; k++) {
             const storage_list_outcome *u = &r->out[k];
             size_t i = r->who[k];
-            if (u->error.kind != CTL_OK || u->result.count < LIST_PAGE) {
-                active[i] = false; /* failed, or its last page */
+            if (!unpaged[i] && pages[i] == 0 && refuses_paging(&u->error, c->addresses[i])) {
+                unpaged[i] = true; /* ask again, in the next round, for all */
+                r->superseded[k] = true;
+                continue;
+            }
+            if (u->error.kind == CTL_OK && u->result.count > 0)
+                pages[i]++;
+            /* Only an empty page ends a unit's keys: a shorter one may be
+             * the unit's own page limit (--max-list-keys below LIST_PAGE). */
+            if (u->error.kind != CTL_OK || unpaged[i] || u->result.count == 0) {
+                active[i] = false; /* failed, or past its last key */
                 left--;
             } else {
                 after[i] = u->result.items[u->result.count - 1];
@@ -617,7 +731,7 @@ static int cmd_list(cli *c, int argc, char **argv)
         size_t total = 0;
         for (size_t r = 0; r < nrounds; r++)
             for (size_t k = 0; k < rounds[r].m; k++)
-                if (rounds[r].who[k] == i) {
+                if (rounds[r].who[k] == i && !rounds[r].superseded[k]) {
                     if (rounds[r].out[k].error.kind != CTL_OK)
                         error = &rounds[r].out[k].error;
                     else
@@ -625,9 +739,19 @@ static int cmd_list(cli *c, int argc, char **argv)
                 }
         if (error && !first_fail)
             first_fail = status_of(error);
+        if (unpaged[i])
+            fprintf(stderr, "ctl-storage: unit at %s does not page list; %s everything in "
+                    "one call\n", c->addresses[i], error ? "asked for" : "listed");
+        else if (c->verbose && !error)
+            fprintf(stderr, "ctl-storage: unit at %s pages list; listed in %zu page%s of "
+                    "at most %u keys\n", c->addresses[i], pages[i], pages[i] == 1 ? "" : "s",
+                    LIST_PAGE);
         if (c->json) {
             printf("%s{\"address\": ", i ? ", " : "");
             json_cstr(stdout, c->addresses[i]);
+            json_unit_id(c, i);
+            if (unpaged[i])
+                printf(", \"paged\": false");
         }
         if (error) {
             if (c->json) {
@@ -648,7 +772,7 @@ static int cmd_list(cli *c, int argc, char **argv)
         size_t printed = 0;
         for (size_t r = 0; r < nrounds; r++)
             for (size_t k = 0; k < rounds[r].m; k++) {
-                if (rounds[r].who[k] != i)
+                if (rounds[r].who[k] != i || rounds[r].superseded[k])
                     continue;
                 const storage_list_str *keys = &rounds[r].out[k].result;
                 for (size_t q = 0; q < keys->count; q++, printed++) {
@@ -669,15 +793,13 @@ static int cmd_list(cli *c, int argc, char **argv)
     }
     if (c->json && rc == 0)
         printf("]\n");
-    for (size_t r = 0; r < nrounds; r++) {
-        storage_list_outcomes_fini(rounds[r].out, rounds[r].m);
-        free(rounds[r].out);
-        free(rounds[r].args);
-        free(rounds[r].who);
-    }
+    for (size_t r = 0; r < nrounds; r++)
+        list_round_fini(&rounds[r]);
     free(rounds);
     free(after);
     free(active);
+    free(unpaged);
+    free(pages);
     return rc ? rc : first_fail;
 }
 
@@ -704,6 +826,7 @@ static int cmd_stats(cli *c, int argc, char **argv)
         if (c->json) {
             printf("%s{\"address\": ", i ? ", " : "");
             json_cstr(stdout, c->addresses[i]);
+            json_unit_id(c, i);
             if (u->error.kind != CTL_OK) {
                 printf(", \"error\": ");
                 json_error(stdout, &u->error);
@@ -757,13 +880,20 @@ int main(int argc, char **argv)
         {"address", required_argument, NULL, 'a'},
         {"timeout", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"retries", required_argument, NULL, 'r'},
+        {"retry-busy", no_argument, NULL, 'B'},
         {"curve-server-key", required_argument, NULL, 'S'},
         {"curve-key", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
+        FLEET_OPTIONS,
         {NULL, 0, NULL, 0},
     };
-    cli c = {{NULL}, 0, 5000, 0, NULL};
+    cli c = {{NULL}, NULL, NULL, 0, 5000, 0, 0, NULL};
+    fleet_flags fleet = {0};
     const char *server_key_file = NULL, *key_file = NULL;
+    unsigned retries = 0;
+    int retry_busy = 0;
     int o;
     /* '+': stop at the command; its own options are parsed after it. */
     while ((o = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
@@ -771,7 +901,7 @@ int main(int argc, char **argv)
         case 'a':
             if (c.n_addresses == MAX_ADDRESSES)
                 return usage_error("at most %d addresses", MAX_ADDRESSES);
-            c.addresses[c.n_addresses++] = optarg;
+            c.given[c.n_addresses++] = optarg;
             break;
         case 't':
             c.timeout_ms = parse_timeout(optarg);
@@ -781,6 +911,22 @@ int main(int argc, char **argv)
         case 'j':
             c.json = 1;
             break;
+        case 'v':
+            c.verbose = 1;
+            break;
+        case 'r': {
+            char *end = NULL;
+            errno = 0;
+            unsigned long n = strtoul(optarg, &end, 10);
+            if (!*optarg || *end || errno || optarg[0] == '-' || n > 100)
+                return usage_error("--retries '%s' is not a number of retries "
+                                   "from 0 to 100", optarg);
+            retries = (unsigned)n;
+            break;
+        }
+        case 'B':
+            retry_busy = 1;
+            break;
         case 'S':
             server_key_file = optarg;
             break;
@@ -788,13 +934,16 @@ int main(int argc, char **argv)
             key_file = optarg;
             break;
         case 'h':
-            fputs(usage_text, stdout);
+            print_usage(stdout);
             return 0;
         default:
-            fputs(usage_text, stderr);
+            if (fleet_take(&fleet, o, optarg))
+                break;
+            print_usage(stderr);
             return EXIT_USAGE;
         }
     }
+    c.addresses = c.given;
     if (optind >= argc)
         return usage_error("no command given");
     ctl_error err;
@@ -811,8 +960,69 @@ int main(int argc, char **argv)
         ctl_error_fini(&err);
         return krc ? EXIT_LOCAL : 0;
     }
-    if (c.n_addresses == 0)
-        return usage_error("no --address given");
+    if (c.n_addresses && fleet.given)
+        return usage_error("give --address or --etcd (with --service), not both");
+    bool use_etcd = c.n_addresses == 0 && fleet_resolve(&fleet);
+    if (fleet.given && !use_etcd)
+        return usage_error("--service, --namespace and the --etcd-* flags need --etcd URL "
+                           "(or $CTLRPC_ETCD)");
+    if (c.n_addresses == 0 && !use_etcd)
+        return usage_error("no --address given (nor --etcd)");
+#ifdef CTLRPC_WITH_ETCD
+    ctl_membership *members = NULL;
+    if (use_etcd) {
+        ctl_directory_options dopts;
+        ctl_directory_options_init(&dopts);
+        dopts.etcd.endpoints = fleet.etcd;
+        dopts.etcd.cacert = fleet.cacert;
+        dopts.etcd.cert = fleet.cert;
+        dopts.etcd.key = fleet.key;
+        dopts.etcd.user = fleet.user;
+        dopts.namespace_name = fleet.ns;
+        /* One listing, retried for at most a second (and never past the
+         * command's deadline). */
+        int budget = c.timeout_ms < 1000 ? (c.timeout_ms > 0 ? c.timeout_ms : 1) : 1000;
+        dopts.start_timeout_ms = budget;
+        dopts.etcd.timeout_ms = budget;
+        const char *service = fleet.service ? fleet.service : storage_service.name;
+        ctl_directory *dir = NULL;
+        if (ctl_directory_new(service, &dopts, &dir, &err) != 0) {
+            fprintf(stderr, "ctl-storage: %s\n", err.msg);
+            int drc = err.kind == CTL_INVALID ? EXIT_USAGE : EXIT_UNREACHABLE;
+            ctl_error_fini(&err);
+            return drc;
+        }
+        members = ctl_directory_snapshot(dir);
+        ctl_directory_destroy(&dir);
+        c.addresses = ctl_membership_addresses(members, &c.n_addresses);
+        c.unit_ids = calloc(c.n_addresses ? c.n_addresses : 1, sizeof *c.unit_ids);
+        for (size_t i = 0, k = 0; c.unit_ids && i < members->count; i++)
+            if (members->units[i].serving)
+                c.unit_ids[k++] = members->units[i].unit_id;
+        if (c.n_addresses == 0) {
+            fprintf(stderr, "ctl-storage: service '%s' (namespace %s) has no serving unit "
+                    "in etcd %s\n", service, fleet.ns ? fleet.ns : "default", fleet.etcd);
+            ctl_membership_release(&members);
+            free(c.unit_ids);
+            ctl_error_fini(&err);
+            return EXIT_UNREACHABLE;
+        }
+    }
+#else
+    if (use_etcd)
+        return usage_error("--etcd (or $CTLRPC_ETCD): this build has no etcd support "
+                           "(configured with CTLRPC_WITH_ETCD=OFF)");
+#endif
+    /* Every address is checked before any command prints (a table's header
+     * before a usage error would read as a result). */
+    for (size_t i = 0; i < c.n_addresses; i++) {
+        ctl_endpoint ep;
+        if (ctl_endpoint_parse(c.addresses[i], &ep, &err) != 0) {
+            int urc = usage_error("--address: %s", err.msg);
+            ctl_error_fini(&err);
+            return urc;
+        }
+    }
     if (key_file && !server_key_file)
         return usage_error("--curve-key needs --curve-server-key");
 
@@ -828,6 +1038,8 @@ int main(int argc, char **argv)
     }
     co.curve_server_key = server_key_file ? server_key : NULL;
     co.curve_secret_key = key_file ? secret : NULL;
+    co.retry.max_attempts = retries + 1;
+    co.retry.retry_busy = retry_busy;
     int nrc = ctl_client_new(&co, &c.client, &err);
     memset(secret, 0, sizeof secret);
     if (nrc != 0) {
@@ -856,6 +1068,10 @@ int main(int argc, char **argv)
     else
         rc = usage_error("unknown command '%s'", cmd);
     ctl_client_destroy(&c.client);
+#ifdef CTLRPC_WITH_ETCD
+    ctl_membership_release(&members);
+    free(c.unit_ids);
+#endif
     ctl_error_fini(&err);
     return rc;
 }

@@ -25,13 +25,33 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say() { printf '\n\033[1m## %s\033[0m\n' "$*"; }
+# Headings in bold on a terminal only: a log or a pipe gets plain text.
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold='' plain=''; fi
+say() { printf '\n%s## %s%s\n' "$bold" "$*" "$plain"; }
+# A command line as a shell reads it back: words that need it in single quotes, so a printed
+# command pastes as it ran (keys=["a"] stays one word with its quotes).
+shell_words() {
+  local w out=()
+  for w in "$@"; do
+    if [[ -n $w && $w =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
+      out+=("$w")
+    else
+      out+=("'${w//\'/\'\\\'\'}'")
+    fi
+  done
+  printf '%s' "${out[*]}"
+}
 run() {
-  printf '$ ctl-storage %s\n' "$*"
+  printf '$ ctl-storage %s\n' "$(shell_words "$@")"
   local rc=0
   "$cli_bin" "$@" || rc=$?
   [ "$rc" -eq 0 ] || printf '  (exit status %d)\n' "$rc"
   return 0
+}
+# The same, returning the command's exit status (for `must`).
+run_strict() {
+  printf '$ ctl-storage %s\n' "$(shell_words "$@")"
+  "$cli_bin" "$@"
 }
 
 # Start a unit (not in a subshell: its pid must reach `pids`) and wait for
@@ -101,16 +121,87 @@ run --address "$u1" --address "$u2" --address "$u3" --address "$u4" --json stats
 
 # The same units through the generic caller, which needs no code of the service: it asks each
 # unit for its IDL (the built-in op _describe) and reads per-op metrics (_stats).
+caller() {
+  printf '$ ctlrpc %s\n' "$(shell_words "$@")"
+  PYTHONPATH="$root/runtime/python" "$python" "$root/tools/ctlrpc/ctlrpc" "$@" ||
+    printf '  (exit status %d)\n' "$?"
+}
+caller_strict() {
+  printf '$ ctlrpc %s\n' "$(shell_words "$@")"
+  PYTHONPATH="$root/runtime/python" "$python" "$root/tools/ctlrpc/ctlrpc" "$@"
+}
+have_caller=0
 if PYTHONPATH="$root/runtime/python" "$python" -c 'import zmq, msgpack' 2>/dev/null; then
-  caller() {
-    printf '$ ctlrpc %s\n' "$*"
-    PYTHONPATH="$root/runtime/python" "$python" "$root/tools/ctlrpc/ctlrpc" "$@" ||
-      printf '  (exit status %d)\n' "$?"
-  }
+  have_caller=1
   say "Any op from a shell with the generic caller ctlrpc (IDL fetched from the unit)"
   caller call "$u3" describe 'keys=["weights/shard-1"]'
   caller health "$u1" "$u2" "$u3" "$u4"
   caller stats "$u2"
+fi
+
+# The fleet part shows what must work, not errors: any command of it that fails, or a wait that
+# runs out, ends the demo with a message and a non-zero status.
+die() { echo "demo: $*" >&2; exit 1; }
+must() {
+  local rc=0
+  "$@" || rc=$?
+  [ "$rc" -eq 0 ] || die "the command above failed (exit status $rc)"
+}
+# within SECONDS COMMAND...: run COMMAND every 50 ms until it succeeds; false if it never did
+# in SECONDS.
+within() {
+  local tries=$(($1 * 20)) _
+  shift
+  for _ in $(seq "$tries"); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+
+# A fleet: the units register in a private etcd (never the packaged service on
+# 2379: free ports, a data directory under $work) and are called by service name.
+if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+  say "A fleet: skipped, etcd and etcdctl are not installed (Debian: etcd-server etcd-client)"
+elif [ "$have_caller" -eq 0 ]; then
+  say "A fleet: skipped, $python cannot import zmq and msgpack (Debian: python3-zmq" \
+    "python3-msgpack)"
+else
+  say "A fleet: a private etcd, and three units that register in it"
+  read -r cport pport < <("$python" -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+  etcd_url=http://127.0.0.1:$cport
+  etcd --name demo --data-dir "$work/etcd" --listen-client-urls "$etcd_url" \
+    --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "demo=http://127.0.0.1:$pport" >"$work/etcd.log" 2>&1 &
+  pids+=($!)
+  export ETCDCTL_API=3
+  etcd_healthy() { etcdctl --endpoints "$etcd_url" endpoint health >/dev/null 2>&1; }
+  within 10 etcd_healthy ||
+    { cat "$work/etcd.log" >&2; die "etcd did not answer on $etcd_url within 10 s"; }
+  echo "etcd on $etcd_url"
+  for n in 1 2 3; do
+    start_unit "fleet$n" --etcd "$etcd_url" --unit-id "unit-$n" --lease-ttl 3
+    echo "unit-$n: $endpoint"
+  done
+  fleet_pid=${pids[$((${#pids[@]} - 2))]}   # unit-2
+  # How many units are registered, read with etcdctl (only to wait: the demo shows ctlrpc's view).
+  members() {
+    etcdctl --endpoints "$etcd_url" get --prefix --keys-only /ctlrpc/v1/default/storage/ | grep -c . || true
+  }
+  three_registered() { [ "$(members)" -ge 3 ]; }
+  within 5 three_registered || die "the three units did not register in etcd within 5 s"
+  say "The membership (ctlrpc units; the keys and JSON values are in docs/PROTOCOL.md)"
+  must caller_strict units --etcd "$etcd_url" --service storage
+  say "A call to the whole service by name: every serving unit"
+  must run_strict --etcd "$etcd_url" --service storage stats
+  say "Stop unit-2 (SIGTERM): it marks itself draining, drains, and its key is gone at once"
+  kill -TERM "$fleet_pid"
+  wait "$fleet_pid" 2>/dev/null || true
+  two_registered() { [ "$(members)" -le 2 ]; }
+  within 5 two_registered || die "unit-2's key was still in etcd 5 s after it stopped"
+  must caller_strict units --etcd "$etcd_url" --service storage
+  must run_strict --etcd "$etcd_url" --service storage stats
 fi
 
 say "Stopping the units (SIGTERM: each shuts down cleanly)"

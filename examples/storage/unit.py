@@ -3,8 +3,12 @@
 
     unit.py [--module-dir DIR] [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
             [--max-msg-bytes BYTES] [--max-key-bytes BYTES] [--index-capacity BYTES]
-            [--max-list-keys N] [--drain-timeout MS] [--no-describe] [--log-level LEVEL]
+            [--max-list-keys N] [--drain-timeout MS] [--deadline-skew-ms MS] [--no-describe]
+            [--log-level LEVEL]
             [--curve-secret FILE [--curve-allow FILE]]
+            [--etcd URL[,URL...] [--service NAME] [--namespace NAME] [--unit-id ID]
+             [--lease-ttl SECONDS] [--advertise ENDPOINT] [--etcd-cacert FILE]
+             [--etcd-cert FILE --etcd-key FILE] [--etcd-user NAME]]
     unit.py --gen-keys PREFIX
 
 The twin of ctl-storage-unit (examples/storage/unit.c, store.c, handlers.c), with the same
@@ -20,6 +24,10 @@ a blob its key and PY_BLOB_OVERHEAD bytes (a Python object, a dict slot and a li
 the C unit charges 224; a blob is always a copy (no held request messages); the open-file
 limit is raised as the C unit raises it. Like every unit it answers the built-in ops
 (`_describe`, `_health`, `_stats`); `--no-describe` turns `_describe` off.
+
+With `--etcd` (default: $CTLRPC_ETCD) the unit registers in etcd as docs/PROTOCOL.md says
+("Membership in etcd"): under `/ctlrpc/v1/<namespace>/<service>/<unit id>`, leased, draining on
+SIGTERM, revoked at exit; an etcd user's password comes from $CTLRPC_ETCD_PASSWORD.
 """
 
 from __future__ import annotations
@@ -45,10 +53,11 @@ PROG = "ctl-storage-unit.py"
 PY_BLOB_OVERHEAD = 320
 
 DEFAULT_CAPACITY = 1 << 30
+DEFAULT_DEADLINE_SKEW_MS = 1000  # --deadline-skew-ms 0: ctl-storage-unit's default, the runtime's
 DEFAULT_MAX_KEY_BYTES = 4096
 DEFAULT_INDEX_CAPACITY = 64 << 20
 DEFAULT_MAX_LIST_KEYS = 100000
-DEFAULT_MAX_MSG_BYTES = 256 << 20
+DEFAULT_MAX_MSG_BYTES = 64 << 20  # the C unit's: the largest blob a put brings
 
 log = logging.getLogger("ctl-storage-unit")
 
@@ -399,6 +408,14 @@ def raise_nofile_limit() -> None:
         log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, e)
 
 
+def deadline_skew(ms: int) -> Optional[float]:
+    """Server(deadline_skew=) for --deadline-skew-ms: 0 the default, negative no check (as
+    ctl-storage-unit reads it)."""
+    if ms < 0:
+        return None
+    return (ms or DEFAULT_DEADLINE_SKEW_MS) / 1000.0
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # usage errors: exit 2, as getopt's
         self.print_usage(sys.stderr)
@@ -414,6 +431,17 @@ def _size_arg(name: str, positive: bool = True, most: Optional[int] = None,
             raise argparse.ArgumentTypeError(f"{name} '{text}' is not {what}")
         return v
     return parse
+
+
+def _skew_arg(text: str) -> int:
+    if not re.fullmatch(r"-?[0-9]{1,10}", text):
+        raise argparse.ArgumentTypeError(f"--deadline-skew-ms '{text}' is not a number of "
+                                         "milliseconds (negative: no check)")
+    v = int(text)
+    if not -2 ** 31 <= v < 2 ** 31:
+        raise argparse.ArgumentTypeError(f"--deadline-skew-ms '{text}' is not a number of "
+                                         "milliseconds (negative: no check)")
+    return v
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -433,7 +461,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                          "blob files are removed at shutdown) instead of refusing them")
     ap.add_argument("--max-msg-bytes", metavar="N", default=DEFAULT_MAX_MSG_BYTES,
                     type=_size_arg("--max-msg-bytes"),
-                    help="largest request accepted (default 256M)")
+                    help="largest request frame accepted: a put's blob is a little smaller "
+                         "(default 64M)")
+    ap.add_argument("--max-reply-bytes", metavar="N", default=None,
+                    type=_size_arg("--max-reply-bytes"),
+                    help="largest reply sent; a get asking for more is refused with a "
+                         "Protocol error before its reply is built (default: --max-msg-bytes)")
     ap.add_argument("--max-key-bytes", metavar="N", default=DEFAULT_MAX_KEY_BYTES,
                     type=_size_arg("--max-key-bytes"),
                     help="longest key a put accepts (default 4K)")
@@ -450,6 +483,35 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                                    what="a number of milliseconds"),
                     help="on SIGINT/SIGTERM, keep answering the requests that have arrived "
                          "for at most this long (default 5000), then exit")
+    ap.add_argument("--max-queued-replies", metavar="N", default=1000,
+                    type=_size_arg("--max-queued-replies", most=2 ** 31 - 1,
+                                   what="a count from 1 to 2147483647"),
+                    help="replies held for a client that does not read them, per connection "
+                         "(default 1000); further ones are dropped and counted")
+    ap.add_argument("--handshake-timeout", metavar="MS", default=5000,
+                    type=_size_arg("--handshake-timeout", True, most=2 ** 31 - 1,
+                                   what="a positive number of milliseconds"),
+                    help="close a connection that has not completed its handshake by then "
+                         "(default 5000)")
+    ap.add_argument("--heartbeat", metavar="MS", default=10000,
+                    type=_size_arg("--heartbeat", True, most=2 ** 31 - 1,
+                                   what="a positive number of milliseconds"),
+                    help="send each connection a heartbeat this often and close one silent "
+                         "for three of them (default 10000; every ZeroMQ client answers by "
+                         "itself)")
+    ap.add_argument("--max-connections", metavar="N", default=0,
+                    type=_size_arg("--max-connections", most=2 ** 32 - 1,
+                                   what="a count from 1 to 4294967295"),
+                    help="refuse connections beyond N open at once, during their handshake "
+                         "(logged, counted; default: no cap)")
+    ap.add_argument("--max-connections-per-address", metavar="N", default=0,
+                    type=_size_arg("--max-connections-per-address", most=2 ** 32 - 1,
+                                   what="a count from 1 to 4294967295"),
+                    help="the same for the connections of one IP address")
+    ap.add_argument("--deadline-skew-ms", metavar="MS", default=0, type=_skew_arg,
+                    help="skip, unanswered, a request whose caller's deadline (carried in its "
+                         "id) passed more than MS ago: the clock skew allowed between hosts "
+                         "(default 1000; 0: the default; negative: no check)")
     ap.add_argument("--no-describe", action="store_true",
                     help="answer the built-in op _describe with a Protocol error instead of "
                          "the service's IDL")
@@ -461,13 +523,55 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                          "readable by others)")
     ap.add_argument("--curve-allow", metavar="FILE",
                     help="also require clients to hold one of the public keys listed in FILE")
+    fleet = ap.add_argument_group("fleet (membership in etcd)")
+    fleet.add_argument("--etcd", metavar="URL[,URL...]", default=os.environ.get("CTLRPC_ETCD"),
+                       help="register in etcd at these endpoints, tried in order (default "
+                            "$CTLRPC_ETCD; none: no registration)")
+    fleet.add_argument("--service", metavar="NAME",
+                       help="the service to register under (default the IDL's: storage)")
+    fleet.add_argument("--namespace", metavar="NAME", default="default",
+                       help="the fleet's namespace (default 'default')")
+    fleet.add_argument("--unit-id", metavar="ID",
+                       help="this unit's id (default <host>-<pid>-<8 hex digits>, new per start)")
+    fleet.add_argument("--lease-ttl", metavar="SECONDS", type=_ttl_arg, default=10,
+                       help="the registration's lease TTL, at least 2 (default 10): a killed "
+                            "unit leaves the membership this long after")
+    fleet.add_argument("--advertise", metavar="ENDPOINT",
+                       help="the tcp://host:port clients dial (default the bound endpoint; "
+                            "needed when binding a wildcard or behind NAT)")
+    fleet.add_argument("--etcd-cacert", metavar="FILE",
+                       help="check https:// etcd endpoints against this CA")
+    fleet.add_argument("--etcd-cert", metavar="FILE", help="client certificate for etcd")
+    fleet.add_argument("--etcd-key", metavar="FILE", help="its private key")
+    fleet.add_argument("--etcd-user", metavar="NAME",
+                       help="log in to etcd as this user, the password from "
+                            "$CTLRPC_ETCD_PASSWORD")
     ap.add_argument("--gen-keys", metavar="PREFIX",
                     help="write a new key pair to PREFIX.key (secret, mode 0600) and "
                          "PREFIX.pub, then exit")
     args = ap.parse_args(argv)
     if args.curve_allow and not args.curve_secret:
         ap.error("--curve-allow needs --curve-secret")
+    if not args.etcd:
+        args.etcd = None
+        for flag in ("service", "unit_id", "advertise", "etcd_cacert", "etcd_cert", "etcd_key",
+                     "etcd_user"):
+            if getattr(args, flag) is not None:
+                ap.error(f"--{flag.replace('_', '-')} needs --etcd (or $CTLRPC_ETCD)")
+    if (args.etcd_cert is None) != (args.etcd_key is None):
+        ap.error("--etcd-cert and --etcd-key go together")
     return args
+
+
+def _ttl_arg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 2 or v > 2 ** 31 - 1:
+        raise argparse.ArgumentTypeError(f"--lease-ttl '{text}' is not a whole number of "
+                                         "seconds of at least 2")
+    return v
 
 
 def _import_modules(module_dir: Optional[str]) -> Any:
@@ -483,6 +587,22 @@ def _import_modules(module_dir: Optional[str]) -> Any:
         sys.path.insert(0, module_dir)
     import storage_ctl
     return storage_ctl
+
+
+def reload_allowlist(server: Any, allow_file: Optional[str]) -> None:
+    """SIGHUP: read the allowlist file again, for the handshakes from now on; a file that is
+    refused leaves the old list in force. Logged either way, as the C unit does (warn for a
+    reload, as it changes who is admitted; error for a refusal)."""
+    if allow_file is None:
+        log.warning("SIGHUP: no --curve-allow file to reload (nothing else is reloaded)")
+        return
+    try:
+        n = server.set_allowlist(allow_file)
+    except (OSError, ValueError) as e:
+        log.error("SIGHUP: the allowlist was not reloaded, the old one stays in force: %s", e)
+        return
+    log.warning("SIGHUP: reloaded the allowlist %s: %d keys, for new handshakes (connections "
+                "already admitted stay)", allow_file, n)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -512,19 +632,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     secret = allow = None
     try:
         if args.curve_secret is not None:
-            secret = ctlrpc.curve.load_key(args.curve_secret, True, "--curve-secret")
+            secret = ctlrpc.curve.read_key(args.curve_secret, True)
         if args.curve_allow is not None:
-            allow = ctlrpc.curve.load_allowlist(args.curve_allow)
+            allow = ctlrpc.curve.read_allowlist(args.curve_allow)
             if not allow:
                 raise ValueError(f"allowlist {args.curve_allow} lists no keys")
+            if secret in allow:
+                raise ValueError(f"allowlist {args.curve_allow}: key #{allow.index(secret) + 1} "
+                                 f"is the unit's own secret key ({args.curve_secret}): an "
+                                 "allowlist holds client public keys; make a new key pair for "
+                                 "the unit, this secret is exposed")
     except (OSError, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    etcd = None
+    if args.etcd is not None:
+        try:
+            etcd = ctlrpc.Etcd(args.etcd, cacert=args.etcd_cacert, cert=args.etcd_cert,
+                               key=args.etcd_key, user=args.etcd_user)
+            ctlrpc.directory.check_name("--service", args.service or storage_ctl.SERVICE)
+            ctlrpc.directory.check_name("--namespace", args.namespace)
+            if args.unit_id is not None:
+                ctlrpc.directory.check_name("--unit-id", args.unit_id)
+        except ValueError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
 
     raise_nofile_limit()
     # Signals are taken synchronously by this thread (sigwait below); block them before any
     # thread starts (the server's, ZeroMQ's) so none of them gets one.
-    stop = {signal.SIGINT, signal.SIGTERM}
+    stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
 
     try:
@@ -538,7 +675,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     handlers = build_handlers(storage_ctl, store, unit)
     lock = threading.Lock()
     options: Dict[str, Any] = {"lock": lock, "max_msg_bytes": args.max_msg_bytes,
-                               "describe": not args.no_describe}
+                               "describe": not args.no_describe,
+                               "max_reply_bytes": args.max_reply_bytes,
+                               "max_queued_replies": args.max_queued_replies,
+                               "handshake_timeout": args.handshake_timeout / 1000.0,
+                               "heartbeat": args.heartbeat / 1000.0,
+                               "max_connections": args.max_connections,
+                               "max_connections_per_address": args.max_connections_per_address,
+                               "deadline_skew": deadline_skew(args.deadline_skew_ms)}
     if secret is not None:
         options["curve_secret"] = secret
     if allow is not None:
@@ -552,10 +696,26 @@ def main(argv: Optional[List[str]] = None) -> int:
             store.close()
             return 1
         unit["server"] = server
+        if etcd is not None:
+            try:
+                # Registers on its own thread: an etcd that is away does not stop the unit.
+                server.register(etcd, service=args.service, namespace=args.namespace,
+                                unit_id=args.unit_id, lease_ttl=args.lease_ttl,
+                                advertise=args.advertise)
+            except ValueError as e:
+                print(f"{PROG}: {e}", file=sys.stderr)
+                server.close()
+                store.close()
+                return 2
     print(server.endpoint, flush=True)
     log.info("serving %s on %s", storage_ctl.SERVICE, server.endpoint)
+    if server.registration is not None:
+        log.info("registering as %s in etcd %s", server.registration.key, etcd)
 
     sig = signal.sigwait(stop)
+    while sig == signal.SIGHUP:
+        reload_allowlist(server, args.curve_allow)
+        sig = signal.sigwait(stop)
     log.info("%s, shutting down", signal.Signals(sig).name)
     # Answer what has arrived (bounded by --drain-timeout), then stop.
     server.drain(args.drain_timeout / 1000.0)

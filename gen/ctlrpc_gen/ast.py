@@ -145,7 +145,9 @@ class ErrorKindRef:
 
 @dataclass(frozen=True)
 class Op:
-    """`op` or `notify`. The parser accepts a result and raises on notify so check can explain."""
+    """`op` or `notify`. The parser accepts a result, raises and `idempotent` on notify so check
+    can explain. `start` is the `op`/`notify` keyword; `idempotent` the modifier before it, if
+    written."""
 
     start: Loc
     loc: Loc
@@ -156,6 +158,7 @@ class Op:
     raises: Tuple[ErrorKindRef, ...]
     raises_loc: Optional[Loc]  # the `raises` keyword
     doc: Optional[str]
+    idempotent: Optional[Loc] = None  # the `idempotent` keyword
 
 
 Decl = Union[Service, Import, Record, Op, ErrorDecl]

@@ -19,7 +19,7 @@ reasons behind them, in docs/IDL.md; in brief:
 - Declared error kinds (`error X;`, in the main file or an import) are CamelCase names, unique
   (ignoring case), none of the built-in or runtime kind names (RESERVED_ERROR_NAMES).
 - `raises` names known error kinds (built-in or declared), each once, never the implicit
-  `Protocol`; notify ops have no result and no raises.
+  `Protocol`; notify ops have no result, no raises and are not `idempotent`.
 
 To keep the output readable, the checker stays quiet where a reported error already explains
 a problem: unknown names in a file whose imports failed, an empty record whose body had a syntax
@@ -361,6 +361,11 @@ class _Checker:
         if op.notify and op.raises_loc is not None:
             self.error(op.raises_loc, f"notify '{op.name}' cannot raise errors: the unit "
                                       "sends no reply")
+        if op.notify and op.idempotent is not None:
+            self.error(op.idempotent, f"notify '{op.name}' cannot be idempotent: the unit sends "
+                                      "no reply, so a client never learns that it failed and "
+                                      "never retries it (write 'idempotent op' for an op that "
+                                      "replies)")
         raises: List[str] = []
         if not op.notify:
             for k in op.raises:
@@ -378,7 +383,7 @@ class _Checker:
                 else:
                     raises.append(k.name)
         return model.Op(op.name, op.loc, op.doc, index, op.notify, tuple(args), result,
-                        tuple(raises))
+                        tuple(raises), op.idempotent is not None and not op.notify)
 
     # -- defaults ----------------------------------------------------------------------------
 

@@ -140,10 +140,14 @@ def _run(argv: Optional[List[str]]) -> int:
         except FatalError:
             sys.stderr.write(diags.render())  # the warnings so far, before the one-line error
             raise
+    changes = None
     if old is not None:
         new = compat.Version(program, model)
-        compat.report(compat.compare(old, new), diags, strict=args.strict)
+        changes = compat.compare(old, new)
+        compat.report(changes, diags, strict=args.strict)
     sys.stderr.write(diags.render())
+    if changes is not None:
+        sys.stderr.write(compat.summary(changes) + "\n")
     if model is None or (against and old is None):
         if diags.error_count == 0:
             raise RuntimeError("no model was built, yet no error was reported")

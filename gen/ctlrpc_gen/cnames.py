@@ -273,6 +273,15 @@ class CNames:
             self.add(("op_outcome", n), f"{svc}_{n}_outcome", glob, "the outcome struct", o)
             self.add(("op_outcomes_fini", n), f"{svc}_{n}_outcomes_fini", glob,
                      "the outcome release function", o)
+            self.add(("op_start", n), f"{svc}_{n}_start", glob, "the asynchronous stub", o)
+            self.add(("op_done", n), f"{svc}_{n}_done", glob, "the completion type", o)
+            self.add(("op_many_start", n), f"{svc}_{n}_many_start", glob,
+                     "the asynchronous fan-out stub", o)
+            self.add(("op_many_done", n), f"{svc}_{n}_many_done", glob,
+                     "the fan-out completion type", o)
+            self.add(("thunk", n), f"{svc}__thunk_{n}", glob, "the completion trampoline", o)
+            self.add(("thunk_many", n), f"{svc}__thunkm_{n}", glob,
+                     "the fan-out completion trampoline", o)
             self.add(("op_handler", n), f"{svc}_{n}_handler", glob, "the handler type", o)
             self.add(("at", n), f"{svc}__at_{n}", glob, "the args descriptor", o)
             self.add(("af", n), f"{svc}__af_{n}", glob, "the args field table", o)

@@ -166,6 +166,13 @@ def report(changes: Sequence[Change], diags: Diagnostics, strict: bool = False) 
         diags.add(severity, c.loc, f"{c.message} [{CLASSES[c.level]}]", c.notes)
 
 
+def summary(changes: Sequence[Change]) -> str:
+    """The last line of a comparison: how many changes of each class,
+    `N wire-breaking, N source-breaking, N safe`, most severe first."""
+    counts = [sum(1 for c in changes if c.level == level) for level in (2, 1, 0)]
+    return ", ".join(f"{n} {CLASSES[level]}" for n, level in zip(counts, (2, 1, 0)))
+
+
 # -- comparing --------------------------------------------------------------------------------
 
 
@@ -210,6 +217,11 @@ class _Where:
             return op.loc
         return Loc(node.start.path, node.start.line, node.start.col,
                    len("notify" if node.notify else "op"))
+
+    def idempotent_of(self, op: m.Op) -> Loc:
+        """The `idempotent` keyword of an op (its name if it has none)."""
+        node = self.ops.get(op.loc)
+        return node.idempotent if node is not None and node.idempotent else op.loc
 
     def result_of(self, op: m.Op) -> Loc:
         node = self.ops.get(op.loc)
@@ -658,6 +670,7 @@ class _Compare:
         if old.notify == new.notify and not new.notify:
             self.result(old, new)
             self.raises(old, new)
+            self.idempotent(old, new)
         self.doc(old.doc, new.doc, old.loc, new.loc, what)
 
     def result(self, old: m.Op, new: m.Op) -> None:
@@ -691,6 +704,30 @@ class _Compare:
         elif old.result is not None and self.as_new(old.result) != new.result:
             self.type_changed(old.result, new.result, f"the result of op '{name}'", "result",
                               wn.result_of(new), wo.result_of(old))
+
+    def idempotent(self, old: m.Op, new: m.Op) -> None:
+        """`idempotent` added or removed. Neither changes the wire or the C API; what changes is
+        who retries: clients built from the IDL that says `idempotent` may send the op again
+        after a timeout, to any unit. Adding it asks every unit still running, old ones
+        included, to bear that (worth a look: source-breaking, for the handlers written
+        against the old IDL); removing it only makes new clients stop retrying (safe; old
+        clients still retry until they are upgraded)."""
+        wo, wn = self.where_old, self.where_new
+        name = new.name
+        if new.idempotent and not old.idempotent:
+            self.add(SOURCE, wn.idempotent_of(new),
+                     f"op '{name}' is now idempotent: a new client may send it again after a "
+                     "timeout or a failure after the request left (when its retry policy "
+                     "allows), to old units too, so the handler of every unit version still "
+                     "running must do the same run twice as once; check the old handlers, or "
+                     "upgrade the units first",
+                     (old.loc, f"op '{name}' was not idempotent here"))
+        elif old.idempotent and not new.idempotent:
+            self.add(SAFE, new.loc,
+                     f"op '{name}' is no longer idempotent: a new client does not retry it "
+                     "after a timeout; an old client still may, so keep the handler safe to "
+                     "run twice until every client is upgraded",
+                     (wo.idempotent_of(old), "it was idempotent here"))
 
     def raises(self, old: m.Op, new: m.Op) -> None:
         wo, wn = self.where_old, self.where_new

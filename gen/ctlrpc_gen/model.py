@@ -15,6 +15,9 @@ Wire facts live here, computed once, never in templates:
   decoders accept any integer width that holds the value and reject values out of the type's range.
   An f64 is written as float64; its decoder also accepts float32 and integers.
 - `Op.no_reply`: notify ops, for which the unit sends nothing back.
+- `Op.idempotent`: declared `idempotent` (never a notify op): running it twice does what running
+  it once does, so a client whose retry policy allows may send it again after a timeout or a
+  failure after the request left (docs/IDL.md, "Idempotent ops").
 - `Model.op_index`: ops sorted by name in byte order (what strcmp/memcmp order means), for the
   binary search the runtime does when it dispatches; `Op.index` is the op's position in IDL order.
 - `Member.required`: a peer must send it. A member with a default (an optional one has an implicit
@@ -234,7 +237,7 @@ class Op:
 
     `index` is the position in IDL order (the descriptor table's order). `result` None means the
     reply's result is nil. `raises` lists error kinds as written: built-in ones (ERROR_KINDS)
-    and declared ones; Protocol is implicit.
+    and declared ones; Protocol is implicit. `idempotent`: declared so (only ops that reply).
     """
 
     name: str
@@ -245,6 +248,7 @@ class Op:
     args: Tuple[Arg, ...]
     result: Optional[Type]
     raises: Tuple[str, ...]
+    idempotent: bool = False
 
     @property
     def no_reply(self) -> bool:
@@ -260,8 +264,10 @@ class Op:
 
     @property
     def idl(self) -> str:
-        """The declaration in canonical IDL, e.g. `op put(key: str, pin: bool = false) -> u64`."""
-        text = f"{'notify' if self.notify else 'op'} {self.name}("
+        """The declaration in canonical IDL, e.g. `op put(key: str, pin: bool = false) -> u64`
+        or `idempotent op get(key: str) -> bin`."""
+        text = "idempotent " if self.idempotent else ""
+        text += f"{'notify' if self.notify else 'op'} {self.name}("
         text += ", ".join(a.idl for a in self.args) + ")"
         if self.result is not None:
             text += f" -> {self.result.idl}"

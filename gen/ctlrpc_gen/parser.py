@@ -3,7 +3,7 @@
 Grammar (the full EBNF is in docs/IDL.md):
 
     file    = { decl } ;
-    decl    = service | import | record | op | notify | error ;
+    decl    = service | import | record | [ "idempotent" ] ( op | notify ) | error ;
     service = "service" IDENT ";" ;
     import  = "import" STRING ";" ;
     error   = "error" IDENT ";" ;
@@ -14,6 +14,8 @@ Grammar (the full EBNF is in docs/IDL.md):
 
 Keywords are contextual: `service`, `import`, `record`, `op`, `notify`, `error` start a declaration
 only where one can start, so `op: str;` is a field named `op` and `op list()` an op named `list`.
+`idempotent` is a modifier that starts an op declaration (`idempotent op get(...)`); it is read
+on a notify too, so that the checker can explain why it does not fit there.
 
 Error recovery: a syntax error abandons the current field (resuming after its `;`, or at the
 record's `}`) or the current declaration (resuming after the next `;` or `}` at its level, or at a
@@ -40,7 +42,7 @@ from . import ast
 from .diag import Diagnostics, Loc, printable, suggest
 from .lexer import Token, strip_bom, tokenize
 
-DECL_KEYWORDS = ("service", "import", "record", "op", "notify", "error")
+DECL_KEYWORDS = ("service", "import", "record", "op", "notify", "error", "idempotent")
 # Words that can never name a type (so `-> raises` reads as a missing result type). `error`
 # is not among them: a record may still be named so.
 NOT_TYPES = frozenset(("service", "import", "record", "op", "notify", "raises", "true", "false",
@@ -85,10 +87,14 @@ class Parser:
         return t.kind == "ident" and t.value == w
 
     def at_decl_start(self) -> bool:
-        """A declaration keyword first on its line, not used as a field name (`op: str;`)."""
+        """A declaration keyword first on its line, not used as a field name (`op: str;`);
+        `idempotent` only before `op` or `notify`, so that a field `idempotent u64;` that
+        lacks its `:` is reported as a field."""
         t = self.peek()
-        return (t.kind == "ident" and t.value in DECL_KEYWORDS and t.first_on_line
-                and not self.at_punct(":", 1))
+        if not (t.first_on_line and self.at_decl_keyword()):
+            return False
+        n = self.peek(1)
+        return t.value != "idempotent" or (n.kind == "ident" and n.value in ("op", "notify"))
 
     def at_decl_keyword(self) -> bool:
         """A declaration keyword anywhere on its line, not used as a field name."""
@@ -264,9 +270,21 @@ class Parser:
                                       incomplete=True))
         return ast.Record(kw.loc, name.loc, name.value, tuple(fields), doc, incomplete)
 
-    def parse_op(self) -> ast.Op:
+    def parse_idempotent(self) -> ast.Op:
+        """`idempotent op ...` (or `idempotent notify ...`, which the checker refuses)."""
+        mod = self.advance()
+        doc = self.take_doc(mod)
+        self.saw_op = True  # an op was meant: no "declares no ops" on top of its error
+        t = self.peek()
+        if not (t.kind == "ident" and t.value in ("op", "notify")):
+            raise self.fail_at(t, "'op' after 'idempotent' (it marks an op: "
+                                  "'idempotent op NAME(...)')")
+        return self.parse_op(mod.loc, doc)
+
+    def parse_op(self, idempotent: Optional[Loc] = None, doc: Optional[str] = None) -> ast.Op:
         kw = self.advance()
-        doc = self.take_doc(kw)
+        if doc is None:  # before the modifier, or (without one) before the keyword
+            doc = self.take_doc(kw)
         self.saw_op = True
         notify = kw.value == "notify"
         name = self.expect_ident(f"{kw.value} name")
@@ -301,9 +319,10 @@ class Parser:
             raise self.fail_at(t, "'raises' or ';'" if result else "'->', 'raises' or ';'")
         self.expect(";", f"after {kw.value} declaration")
         return ast.Op(kw.loc, name.loc, name.value, notify, tuple(args), result, tuple(raises),
-                      raises_loc, doc)
+                      raises_loc, doc, idempotent)
 
-    parse_notify = parse_op
+    def parse_notify(self) -> ast.Op:
+        return self.parse_op()
 
     def parse_member(self, what: str) -> ast.Member:
         name = self.expect_ident(f"{what} name")

@@ -36,7 +36,7 @@ from .diag import FatalError, printable
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 # Bump together with CTL_GEN_ABI in runtime/include/ctlrpc/gen.h.
-GEN_ABI = 3
+GEN_ABI = 4
 
 _SCALAR_C = {
     "bool": "bool",
@@ -72,11 +72,13 @@ class Renderer:
         f["comment_inline"] = comment_inline
         f["display"] = self.display
         f["tref"] = self.tref
+        f["op_flags"] = op_flags
         g = self.env.globals
         g["m"] = m
         g["svc"] = self.svc
         g["SVC"] = self.svc.upper()
         g["GEN_ABI"] = GEN_ABI
+        g["IDEMPOTENT_NOTE"] = IDEMPOTENT_NOTE
         g["isinstance"] = isinstance
         g["has_views"] = has_views
         g["initializers"] = self.initializers
@@ -292,6 +294,25 @@ def idl_chunks(data: bytes) -> List[dict]:
     if cur or not chunks:
         chunks.append({"lines": cur or [b""], "len": size})
     return chunks
+
+
+# What the header says of an op declared `idempotent`, below its doc comment.
+IDEMPOTENT_NOTE = (
+    "Idempotent: running it twice does what running it once does, so the",
+    "client retries it after a timeout or a failure after the request left",
+    "when its retry policy allows (ctl_client_options.retry; CTL_OP_IDEMPOTENT",
+    "in its descriptor's flags).",
+)
+
+
+def op_flags(op: m.Op) -> str:
+    """The CTL_OP_* flags of an op's descriptors, as a C expression ("" for none)."""
+    flags = []
+    if op.no_reply:
+        flags.append("CTL_OP_NOREPLY")
+    if op.idempotent:
+        flags.append("CTL_OP_IDEMPOTENT")
+    return " | ".join(flags)
 
 
 def has_views(t: Optional[m.Type]) -> bool:

@@ -2,7 +2,8 @@
 
 `ctlrpc-gen --lang python IDL -o DIR` uses it (the C renderer, render.py, stays the default).
 The generated module holds a dataclass per record, an exception class per declared error kind,
-a `Client` with one method per op (and `<op>_many`), a `Handlers` base class and `serve()`, on
+a `Client` with one method per op (and `<op>_many`), its asyncio twin `AsyncClient` (the same
+methods as coroutines), a `Handlers` base class and `serve()`, on
 top of the pure-Python runtime (`ctlrpc`, runtime/python). It carries its own small codec: the
 type descriptors of the service and the code that checks, encodes and decodes values by them,
 producing the same bytes as the C stubs (see docs/PYTHON.md, "Generated modules").
@@ -13,9 +14,10 @@ This module decides what the model leaves open for Python:
   Python or would collide with a name the generated code itself needs; then the Python name gets
   a trailing `_` (more than one if that is taken too). The wire name never changes. The rules:
   records and error kinds (module level): Python keywords, builtins, and the module's own public
-  names (`Client`, `Handlers`, `serve`, `SERVICE`); ops (methods of Client and Handlers): keywords and
-  Client's own attributes (`close`, `rpc`); arguments (parameters): keywords and the methods' own
-  parameters (`self`, `address`, `addresses`, `timeout`); fields (dataclass attributes):
+  names (`AsyncClient`, `Client`, `Handlers`, `serve`, `SERVICE`); ops (methods of Client,
+  AsyncClient and Handlers): keywords and the clients' own attributes (`close`, `rpc`);
+  arguments (parameters): keywords and the methods' own parameters (`self`, `address`,
+  `addresses`, `timeout`); fields (dataclass attributes):
   keywords, `self` and the record class names (a class attribute would shadow them in the
   annotations of its class; a field named like a scalar type, `bytes`, makes that class spell
   the type `_b.bytes` instead).
@@ -46,7 +48,7 @@ _BUILTINS = frozenset((
     "bool", "int", "float", "str", "bytes", "bytearray", "memoryview", "list", "tuple", "dict",
     "object", "type", "isinstance", "len", "getattr", "repr", "super", "enumerate", "zip",
     "Exception", "TypeError", "ValueError", "OverflowError", "NotImplementedError"))
-MODULE_NAMES = frozenset({"Client", "Handlers", "serve", "SERVICE"})
+MODULE_NAMES = frozenset({"AsyncClient", "Client", "Handlers", "serve", "SERVICE"})
 CLIENT_ATTRS = frozenset({"close", "rpc"})
 PARAM_NAMES = frozenset({"self", "address", "addresses", "timeout"})
 SCALAR_PY = {
@@ -195,6 +197,13 @@ class PyRenderer:
                 doc = a.doc.splitlines()
                 lines.append(f"    {py}: {doc[0]}")
                 lines += [f"        {line}" if line else "" for line in doc[1:]]
+        if op.idempotent and side == "client":
+            lines += ["", "Idempotent: running it twice does what running it once does, so it is "
+                      "retried after", "a timeout or a failure after the request left when the "
+                      "client's retry policy", "allows (ctlrpc.RetryPolicy)."]
+        elif op.idempotent:
+            lines += ["", "Idempotent: a retried call may run it more than once, and running it "
+                      "twice must do", "what running it once does."]
         if side == "client":
             if op.notify:
                 lines += ["", "A notify op: returns once the message is queued; the unit "

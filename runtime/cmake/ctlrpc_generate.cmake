@@ -138,8 +138,10 @@ function(ctlrpc_generate target)
     if(done_file STREQUAL "${ARG_OUT}/${stem}.ctl.c")
       message(FATAL_ERROR
         "ctlrpc_generate(${target}): ${stem}.ctl.c in ${ARG_OUT} is already generated for "
-        "target ${done_target}: link ${target} against ${done_target} (one stubs library "
-        "per IDL, used by the server and the client), or give another OUT")
+        "target ${done_target}: generate ${idl} once, into a static stubs library that both "
+        "link (add_library(${stem}_stubs STATIC), ctlrpc_generate(${stem}_stubs IDL ...), "
+        "target_link_libraries(<program> PRIVATE ${stem}_stubs) for each program; see "
+        "docs/USING.md, \"One IDL, a server and a client\"), or give another OUT")
     endif()
   endforeach()
   set_property(GLOBAL APPEND PROPERTY CTLRPC_GENERATED "${ARG_OUT}/${stem}.ctl.c|${target}")

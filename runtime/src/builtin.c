@@ -168,7 +168,7 @@ static void pack_stats(ctl_dispatch *d, packing *p)
     str(p, "service", service_name(d));
     f64(p, "uptime_s", ctl_dispatch_uptime(d));
     key(p, "totals");
-    map(p, 14);
+    map(p, 16);
     u64(p, "requests", load(&t->requests));
     u64(p, "replies", load(&t->replies));
     u64(p, "dropped", load(&t->dropped));
@@ -182,8 +182,10 @@ static void pack_stats(ctl_dispatch *d, packing *p)
     u64(p, "auth_denied", load(&t->auth_denied));
     u64(p, "handshake_failures", load(&t->handshake_failures));
     u64(p, "accept_failures", load(&t->accept_failures));
+    u64(p, "conn_refused", load(&t->conn_refused));
     u64(p, "connections", accepted > gone ? accepted - gone : 0);
     u64(p, "disconnects", gone);
+    u64(p, "expired", load(&t->expired));
     key(p, "ops");
     map(p, n);
     for (size_t i = 0; i < n; i++) {

@@ -48,11 +48,19 @@ ctl_reply *ctl_reply_copy_of(const void *data, size_t len)
     return r;
 }
 
-void ctl_call_format_id(uint64_t v, char out[CTL_ID_LEN + 1])
+void ctl_call_format_id(uint64_t v, int64_t deadline_ms, char out[CTL_ID_LEN + 1])
 {
     static const char hex[] = "0123456789abcdef";
-    for (int i = CTL_ID_LEN - 1; i >= 0; i--, v >>= 4)
+    for (int i = CTL_ID_UNIQUE_LEN - 1; i >= 0; i--, v >>= 4)
         out[i] = hex[v & 15];
+    out[CTL_ID_UNIQUE_LEN] = '@';
+    /* A wall clock before 1970 or past the year 2286 is wrong anyway; the
+     * id keeps its length. */
+    uint64_t d = deadline_ms < 0 ? 0 : (uint64_t)deadline_ms;
+    if (d > UINT64_C(9999999999999))
+        d = UINT64_C(9999999999999);
+    for (int i = CTL_ID_LEN - 1; i > CTL_ID_UNIQUE_LEN; i--, d /= 10)
+        out[i] = (char)('0' + d % 10);
     out[CTL_ID_LEN] = '\0';
 }
 

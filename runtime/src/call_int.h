@@ -39,8 +39,12 @@ void *ctl_reply_tail(ctl_reply *reply);
 /* A reply handle over a copy of `len` bytes (tests, fuzz targets). */
 ctl_reply *ctl_reply_copy_of(const void *data, size_t len);
 
-/* Write the id of value `v`: CTL_ID_LEN lowercase hex digits and a NUL. */
-void ctl_call_format_id(uint64_t v, char out[CTL_ID_LEN + 1]);
+/* Write the id of value `v` and deadline `deadline_ms` (wall clock,
+ * milliseconds since the Unix epoch): the low 48 bits of `v` as
+ * CTL_ID_UNIQUE_LEN lowercase hex digits, '@', the deadline as
+ * CTL_ID_DEADLINE_DIGITS decimal digits (zero-padded; clamped to what
+ * they hold), and a NUL: CTL_ID_LEN characters in all. */
+void ctl_call_format_id(uint64_t v, int64_t deadline_ms, char out[CTL_ID_LEN + 1]);
 
 /* What a received message is to the call waiting on its socket. */
 typedef enum ctl_match {

@@ -175,7 +175,8 @@ ctl_wire_status ctl_wire_check(const void *data, size_t len,
         if (st != CTL_WIRE_OK)
             break;
         pos += skip;
-        if (container && depth0 + depth + 1 > lim.max_depth) {
+        /* Written so that no sum can wrap: depth0 may be anything. */
+        if (container && (depth0 >= lim.max_depth || depth + 1 > lim.max_depth - depth0)) {
             st = CTL_WIRE_TOO_DEEP; /* even an empty one opens a level */
             break;
         }

@@ -285,7 +285,9 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server: out of memory");
     }
     d->start_ns = now_ns();
+    d->deadline_skew_ms = CTL_DEFAULT_DEADLINE_SKEW_MS;
     msgpack_sbuffer_init(&d->out);
+    d->max_reply_bytes = d->limits.max_msg_bytes;
     if (lock) {
         d->lock = lock;
     } else {
@@ -322,6 +324,19 @@ static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
     if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
         ctl_env_pack_error(&pk, err) != 0)
         msgpack_sbuffer_clear(&d->out);
+}
+
+/* The writer of a handler's reply: into `out`, never past
+ * max_reply_bytes (so a reply over the bound costs at most that much
+ * memory before it is refused). */
+static int bounded_write(void *data, const char *buf, size_t len)
+{
+    ctl_dispatch *d = data;
+    if (d->out.size > d->max_reply_bytes || len > d->max_reply_bytes - d->out.size) {
+        d->reply_too_big = true;
+        return -1;
+    }
+    return msgpack_sbuffer_write(&d->out, buf, len);
 }
 
 /* The name of the kind `err` holds if the op's descriptor does not list
@@ -381,6 +396,38 @@ static ctl_verdict dropped(ctl_dispatch *d, const char *why)
         ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a message: %s",
                 d->who ? d->who : "unit", why);
     return CTL_DISPATCH_DROPPED;
+}
+
+/* Whether the request with id `id` is to be skipped: its id carries a
+ * deadline (docs/PROTOCOL.md, "Deadlines") that passed more than the skew
+ * allowance ago. Then it is counted, and logged at most once a second
+ * (at info: a frozen unit that wakes may find thousands). One read of the
+ * wall clock, and only for an id that carries a deadline. */
+static bool expired(ctl_dispatch *d, ctl_str id, ctl_str op)
+{
+    int64_t deadline;
+    if (d->deadline_skew_ms < 0 || !ctl_env_id_deadline(id, &deadline))
+        return false;
+    int64_t late = ctl_wall_ms() - deadline;
+    if (late <= d->deadline_skew_ms)
+        return false;
+    atomic_fetch_add_explicit(&d->counters.expired, 1, memory_order_relaxed);
+    if (d->cur)
+        bump(&d->cur->dropped, 1);
+    uint64_t skipped = 0;
+    if (ctl_log_enabled(CTL_LOG_INFO) &&
+        ctl_log_limit_pass(&d->expired_limit, ctl_now_ms(), &skipped)) {
+        char shown[CTL_SHOW_BUF], more[80] = "";
+        if (skipped)
+            snprintf(more, sizeof more, CTL_LOG_LEFT_OUT_FMT, (unsigned long long)skipped);
+        ctl_log(CTL_LOG_INFO, "server",
+                "%s: skipped a request for '%s' unserved: its deadline passed %lld ms "
+                "ago, more than the allowance of %lld ms (deadline_skew_ms), so its "
+                "caller has given up%s",
+                d->who ? d->who : "unit", ctl_show(shown, sizeof shown, op),
+                (long long)late, (long long)d->deadline_skew_ms, more);
+    }
+    return true;
 }
 
 /* The built-in op named `name`, or CTL_BUILTIN_COUNT. */
@@ -462,6 +509,9 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     }
     if (builtin < CTL_BUILTIN_COUNT)
         return serve_builtin(d, builtin, &rq, dc, why);
+    /* Before anything else is done for it: its caller waits no more. */
+    if (expired(d, rq.id, rq.op))
+        return CTL_DISPATCH_SILENT;
     if (d->draining) {
         ctl_error err;
         if (op && (op->flags & CTL_OP_NOREPLY)) {
@@ -494,7 +544,8 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
 
     ctl_req req = {.d = d, .in = in, .op = op, .op_name = rq.op, .id = rq.id};
     ctl_error_init(&req.err);
-    msgpack_packer_init(&req.pk, &d->out, msgpack_sbuffer_write);
+    d->reply_too_big = false;
+    msgpack_packer_init(&req.pk, d, bounded_write);
     bool head_ok = ctl_env_pack_reply_head(&req.pk, rq.id, true) == 0;
     size_t head_len = d->out.size;
 
@@ -512,8 +563,15 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         msgpack_sbuffer_clear(&d->out);
         return CTL_DISPATCH_SILENT;
     }
-    if (!head_ok || (rc == 0 && d->out.size == head_len &&
-                     msgpack_pack_nil(&req.pk))) {
+    if (d->reply_too_big) {
+        /* Whatever the handler made of its failed packing: the reply would
+         * not fit the bound, which is what the caller must hear. */
+        rc = ctl_req_fail(&req, CTL_PROTOCOL,
+                          "op '%s': the reply is larger than this unit's max_reply_bytes "
+                          "(%zu bytes): ask for less in one call",
+                          op->name, d->max_reply_bytes);
+    } else if (!head_ok || (rc == 0 && d->out.size == head_len &&
+                            msgpack_pack_nil(&req.pk))) {
         rc = ctl_req_fail(&req, CTL_PROTOCOL,
                           "op '%s': out of memory packing the reply", op->name);
     } else if (rc != 0 && !req.failed) {
@@ -581,6 +639,17 @@ const ctl_op *ctl_req_entry(const ctl_req *req)
 msgpack_packer *ctl_req_packer(ctl_req *req)
 {
     return &req->pk;
+}
+
+size_t ctl_req_reply_room(const ctl_req *req)
+{
+    const ctl_dispatch *d = req->d;
+    return d->out.size < d->max_reply_bytes ? d->max_reply_bytes - d->out.size : 0;
+}
+
+size_t ctl_req_max_reply(const ctl_req *req)
+{
+    return req->d->max_reply_bytes;
 }
 
 void *ctl_req_alloc(ctl_req *req, size_t size)

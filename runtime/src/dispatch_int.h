@@ -33,6 +33,7 @@
 #include <msgpack.h>
 
 #include "ctlrpc/server.h"
+#include "log_int.h"
 
 /* A hold on bytes of a request (see ctl_req_hold). The transport that
  * made it says how to let go. */
@@ -75,10 +76,12 @@ typedef struct ctl_dispatch_counters {
     _Atomic uint64_t bytes_in;
     _Atomic uint64_t bytes_out;
     _Atomic uint64_t auth_denied;
+    _Atomic uint64_t conn_refused; /* by a connection cap (ZAP handler) */
     _Atomic uint64_t accept_failures;
     _Atomic uint64_t handshake_failures;
     _Atomic uint64_t accepted;
     _Atomic uint64_t disconnects;
+    _Atomic uint64_t expired; /* skipped: past their deadline and the skew */
 } ctl_dispatch_counters;
 
 /* The built-in ops every unit answers (docs/PROTOCOL.md, "Built-in ops"):
@@ -125,6 +128,12 @@ typedef struct ctl_dispatch {
     ctl_limits limits;
     msgpack_zone zone;
     msgpack_sbuffer out; /* the reply payload after CTL_DISPATCH_REPLY */
+    /* The largest reply payload (bytes) the unit packs; a handler's reply
+     * that would be larger is refused with a Protocol error saying so, and
+     * the buffer never grows past it. Set after init (default: the
+     * message limit). */
+    size_t max_reply_bytes;
+    bool reply_too_big; /* the handler's packing hit max_reply_bytes */
     ctl_dispatch_counters counters;
     /* The service's ops in table order, then the built-ins (op_count +
      * CTL_BUILTIN_COUNT entries, made at init: no growth). */
@@ -135,6 +144,12 @@ typedef struct ctl_dispatch {
      * serving thread. */
     bool draining;
     bool describe_off;   /* _describe answers a Protocol error */
+    /* A request whose id's deadline (docs/PROTOCOL.md, "Deadlines") has
+     * passed by more than this many ms is skipped and counted in
+     * `expired`; negative: no check. Set after init (default
+     * CTL_DEFAULT_DEADLINE_SKEW_MS). */
+    int64_t deadline_skew_ms;
+    ctl_log_limit expired_limit; /* the expired requests' log line */
     const char *who;     /* for log lines: the unit's endpoint */
     int64_t start_ns;    /* monotonic, at init: uptime */
     _Atomic uint64_t in_flight; /* a message is being served */
@@ -182,6 +197,12 @@ void ctl_dispatch_done(ctl_dispatch *d);
 
 /* The op table entry of the request being served. */
 const ctl_op *ctl_req_entry(const ctl_req *req);
+
+/* Bytes the request's reply may still take under max_reply_bytes. */
+size_t ctl_req_reply_room(const ctl_req *req);
+
+/* The unit's max_reply_bytes. */
+size_t ctl_req_max_reply(const ctl_req *req);
 
 /* Entries of the per-op counters: the service's ops, then the built-ins. */
 size_t ctl_dispatch_op_count(const ctl_dispatch *d);

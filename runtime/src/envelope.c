@@ -59,6 +59,29 @@ void ctl_frame_set_id(ctl_frame *f, ctl_str id)
         memcpy(f->sb.data + f->id_off, id.ptr, id.len);
 }
 
+int ctl_env_id_deadline(ctl_str id, int64_t *deadline_ms)
+{
+    /* The digits run back from the end to the last '@': any other byte
+     * first, or no '@' within 16 digits, is no deadline. Sixteen digits
+     * fit an int64_t (9.2e18) with room to spare. */
+    size_t n = 0;
+    while (n < id.len && n <= CTL_ID_DEADLINE_MAX_DIGITS) {
+        char ch = id.ptr[id.len - 1 - n];
+        if (ch == '@')
+            break;
+        if (ch < '0' || ch > '9')
+            return 0;
+        n++;
+    }
+    if (n == 0 || n > CTL_ID_DEADLINE_MAX_DIGITS || n == id.len)
+        return 0;
+    int64_t v = 0;
+    for (size_t i = id.len - n; i < id.len; i++)
+        v = v * 10 + (id.ptr[i] - '0');
+    *deadline_ms = v;
+    return 1;
+}
+
 char *ctl_frame_take(ctl_frame *f, size_t *size)
 {
     *size = f->sb.size;

@@ -20,15 +20,30 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <msgpack.h>
 
 #include "ctlrpc/codec.h"
 #include "ctlrpc/error.h"
 
-/* Request ids this runtime makes: 12 lowercase hex digits, as the
- * reference design's. Peers may send any string. */
-#define CTL_ID_LEN 12
+/* Request ids this runtime makes: a unique part of 12 lowercase hex
+ * digits (the reference design's whole id), then '@' and the call's
+ * deadline as 13 decimal digits of milliseconds since the Unix epoch
+ * (docs/PROTOCOL.md, "Deadlines"): one fixed length, so a request's frame
+ * is packed with room for its id before the id is known. Peers may send
+ * any string. */
+#define CTL_ID_UNIQUE_LEN 12
+#define CTL_ID_DEADLINE_DIGITS 13
+#define CTL_ID_LEN (CTL_ID_UNIQUE_LEN + 1 + CTL_ID_DEADLINE_DIGITS)
+/* The longest deadline a unit reads from an id (docs/PROTOCOL.md). */
+#define CTL_ID_DEADLINE_MAX_DIGITS 16
+
+/* The deadline an id carries: when its last '@' is followed by 1 to 16
+ * decimal digits and nothing else, 1 with *deadline_ms set (milliseconds
+ * since the Unix epoch); any other id (the reference's 12 hex digits, "")
+ * carries none: 0. */
+int ctl_env_id_deadline(ctl_str id, int64_t *deadline_ms);
 
 /* ---- requests out ---------------------------------------------------- */
 

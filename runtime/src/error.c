@@ -94,14 +94,35 @@ void ctl_error_clear(ctl_error *err)
     ctl_error_fini(err);
 }
 
+/* Take what `err` holds out of it, leaving it empty: every setter builds
+ * the new error first and releases the old one last, so its arguments may
+ * point into the error they replace (wrapping a message in place:
+ * ctl_error_set(err, k, "ctx: %s", err->msg)). */
+static ctl_error detach(ctl_error *err)
+{
+    ctl_error old = *err;
+    memset(err, 0, sizeof *err);
+    return old;
+}
+
+/* Set kind and message on an empty error. */
+static void fill(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap)
+    CTL_PRINTF(3, 0);
+
+static void fill(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap)
+{
+    err->kind = kind;
+    char *msg = ctl_vasprintf(fmt, ap);
+    err->msg = msg ? msg : (char *)fallback_msg;
+}
+
 int ctl_error_setv(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap)
 {
     if (!err)
         return kind;
-    ctl_error_fini(err);
-    err->kind = kind;
-    char *msg = ctl_vasprintf(fmt, ap);
-    err->msg = msg ? msg : (char *)fallback_msg;
+    ctl_error old = detach(err);
+    fill(err, kind, fmt, ap);
+    ctl_error_fini(&old);
     return kind;
 }
 
@@ -177,9 +198,13 @@ static bool copy_blobs(ctl_error *err, const ctl_str *blobs, size_t count)
 int ctl_error_busyv(ctl_error *err, const char *reason, const char *fmt,
                     va_list ap)
 {
-    ctl_error_setv(err, CTL_BUSY, fmt, ap);
-    if (err && !copy_reason(err, reason))
+    if (!err)
+        return CTL_BUSY;
+    ctl_error old = detach(err);
+    fill(err, CTL_BUSY, fmt, ap);
+    if (!copy_reason(err, reason))
         details_lost(err);
+    ctl_error_fini(&old);
     return CTL_BUSY;
 }
 
@@ -195,9 +220,11 @@ int ctl_error_busy(ctl_error *err, const char *reason, const char *fmt, ...)
 int ctl_error_declaredv(ctl_error *err, const char *kind, int code,
                         const char *reason, const char *fmt, va_list ap)
 {
-    ctl_error_setv(err, CTL_DECLARED, fmt, ap);
     if (!err)
         return CTL_DECLARED;
+    ctl_error old = detach(err);
+    fill(err, CTL_DECLARED, fmt, ap);
+    int rc = CTL_DECLARED;
     err->code = code;
     err->remote_kind = kind ? ctl_strndup(kind, strlen(kind)) : NULL;
     if (!err->remote_kind) {
@@ -206,11 +233,12 @@ int ctl_error_declaredv(ctl_error *err, const char *kind, int code,
         err->cause = CTL_CAUSE_NOMEM;
         err->code = 0;
         details_lost(err);
-        return CTL_TRANSFER;
-    }
-    if (!copy_reason(err, reason))
+        rc = CTL_TRANSFER;
+    } else if (!copy_reason(err, reason)) {
         details_lost(err);
-    return CTL_DECLARED;
+    }
+    ctl_error_fini(&old);
+    return rc;
 }
 
 int ctl_error_declared(ctl_error *err, const char *kind, int code, const char *reason,
@@ -226,9 +254,13 @@ int ctl_error_declared(ctl_error *err, const char *kind, int code, const char *r
 int ctl_error_missingv(ctl_error *err, const ctl_str *blobs, size_t count,
                        const char *fmt, va_list ap)
 {
-    ctl_error_setv(err, CTL_MISSING, fmt, ap);
-    if (err && !copy_blobs(err, blobs, count))
+    if (!err)
+        return CTL_MISSING;
+    ctl_error old = detach(err);
+    fill(err, CTL_MISSING, fmt, ap);
+    if (!copy_blobs(err, blobs, count))
         details_lost(err);
+    ctl_error_fini(&old);
     return CTL_MISSING;
 }
 

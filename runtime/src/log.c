@@ -20,9 +20,15 @@
 #define MSG_MAX_BYTES 1000
 
 static atomic_int log_level = CTL_LOG_DEFAULT;
+/* Serializes the sink's calls (one line at a time) and guards sink_fn and
+ * sink_ctx. A sink runs under it; `in_sink` says this thread is in one, so
+ * a line the sink logs itself goes to stderr instead of waiting for the
+ * lock this thread holds, and ctl_log_set_sink called from a sink sets
+ * the sink without taking it again. */
 static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
 static ctl_log_fn sink_fn;
 static void *sink_ctx;
+static _Thread_local bool in_sink;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -47,10 +53,26 @@ bool ctl_log_enabled(ctl_log_level level)
 
 void ctl_log_set_sink(ctl_log_fn fn, void *ctx)
 {
+    if (in_sink) { /* this thread holds sink_lock: it is in the sink */
+        sink_fn = fn;
+        sink_ctx = ctx;
+        return;
+    }
     pthread_mutex_lock(&sink_lock);
     sink_fn = fn;
     sink_ctx = ctx;
     pthread_mutex_unlock(&sink_lock);
+}
+
+/* One write of `len` bytes to stderr (lines of threads and processes
+ * sharing it do not interleave). */
+static void write_stderr(const char *line, size_t len)
+{
+    ssize_t w;
+    size_t off = 0;
+    while (off < len && ((w = write(STDERR_FILENO, line + off, len - off)) > 0 ||
+                         (w < 0 && errno == EINTR)))
+        off += w > 0 ? (size_t)w : 0;
 }
 
 int ctl_log_level_parse(const char *name, ctl_log_level *out)
@@ -98,19 +120,22 @@ void ctl_log(ctl_log_level level, const char *component, const char *fmt, ...)
     for (size_t i = (size_t)n; i < len; i++)
         if (line[i] == '\n' || line[i] == '\r')
             line[i] = ' ';
+    if (in_sink) {
+        /* Logged from inside the sink: to stderr, not to the sink again
+         * (it would wait for the lock this thread holds). */
+        line[len] = '\n';
+        write_stderr(line, len + 1);
+        return;
+    }
     pthread_mutex_lock(&sink_lock);
     if (sink_fn) {
         line[len] = '\0';
+        in_sink = true;
         sink_fn(sink_ctx, level, line);
+        in_sink = false;
     } else {
         line[len] = '\n';
-        /* One write per line: lines of threads (and processes) sharing
-         * stderr do not interleave. */
-        ssize_t w;
-        size_t off = 0;
-        while (off < len + 1 && ((w = write(STDERR_FILENO, line + off, len + 1 - off)) > 0 ||
-                                 (w < 0 && errno == EINTR)))
-            off += w > 0 ? (size_t)w : 0;
+        write_stderr(line, len + 1);
     }
     pthread_mutex_unlock(&sink_lock);
 }

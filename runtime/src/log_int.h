@@ -18,7 +18,13 @@
 
 #define CTL_LOG_LIMIT_MS 1000
 
-/* One kind of event; zero-initialized. Used by one thread. */
+/* How a limited line ends when some of its kind were left out (the count,
+ * unsigned long long). Each kind of line has a limiter of its own, so the
+ * count is of the events the line names, since the last such line. */
+#define CTL_LOG_LEFT_OUT_FMT " (%llu more like this since the last such line)"
+
+/* One kind of event; zero-initialized. Used by one thread, or under a
+ * lock. */
 typedef struct ctl_log_limit {
     int64_t next_ms;
     uint64_t suppressed;

@@ -14,6 +14,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -191,4 +192,48 @@ int ctl_endpoint_format(const ctl_endpoint *ep, char *buf, size_t buflen,
                              "endpoint tcp://%s:...: buffer of %zu bytes is "
                              "too small", ep->host, buflen);
     return 0;
+}
+
+bool ctl_endpoint_host_literal(const char *host)
+{
+    unsigned char buf[16];
+    char v6[INET6_ADDRSTRLEN];
+    size_t n = host ? strlen(host) : 0;
+    if (n == 0)
+        return false;
+    if (inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1)
+        return true;
+    if (host[0] != '[' || n < 3 || host[n - 1] != ']' || n - 2 >= sizeof v6)
+        return false;
+    memcpy(v6, host + 1, n - 2);
+    v6[n - 2] = '\0';
+    return inet_pton(AF_INET6, v6, buf) == 1;
+}
+
+/* Whether `host` (a name) has IPv6 addresses and no IPv4 one. */
+static bool name_is_ipv6_only(const char *host)
+{
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    bool v4 = false, v6 = false;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        v4 |= a->ai_family == AF_INET;
+        v6 |= a->ai_family == AF_INET6;
+    }
+    freeaddrinfo(res);
+    return v6 && !v4;
+}
+
+bool ctl_endpoint_needs_ipv6(const ctl_endpoint *ep)
+{
+    unsigned char buf[16];
+    if (!ep || !ep->host[0] || strcmp(ep->host, "*") == 0 ||
+        inet_pton(AF_INET, ep->host, buf) == 1)
+        return false;
+    if (ep->host[0] == '[')
+        return true;
+    return name_is_ipv6_only(ep->host);
 }

@@ -8,17 +8,24 @@
  * re-parse its endpoint. Entries live until the pool is destroyed, so a
  * connection may point at its entry.
  *
- * Retired connections sit in a ring ordered by retirement time. Every lend
- * and return first sweeps it: pending messages are received and counted as
- * late replies, and connections whose grace period is over are closed. The
- * sweep is non-blocking and bounded by max_retired.
+ * Retired connections sit in a ring ordered by retirement time. The
+ * client's I/O thread runs the upkeep (ctl_pool_upkeep) a few times a
+ * second, whether or not calls are made: pending messages on retired
+ * connections are received and counted as late replies, retired
+ * connections whose grace period is over are closed, the monitors of idle
+ * connections are read, and idle connections are closed once they have
+ * been idle for idle_timeout_ms or as soon as their unit has gone (their
+ * connection dropped: a unit that restarts elsewhere leaves nothing
+ * behind). The upkeep never blocks and is bounded by what the pool holds.
  *
  * Every DEALER gets a monitor at birth (before it connects, so no event is
- * missed): an inproc PAIR that receives its connection events. Nobody reads
- * it while replies come in time; a call that has waited a slice without a
- * reply reads it (ctl_conn_check). Events that pile up on an idle socket
- * are few (a handful per reconnection) and bounded by the PAIR's high-water
- * mark, past which ZeroMQ drops them.
+ * missed): an inproc PAIR that receives its connection events. A call that
+ * has waited a slice without a reply reads it (ctl_conn_check); the upkeep
+ * reads those of idle connections.
+ *
+ * Address entries are bounded too: past max_addresses, the upkeep forgets
+ * the least recently used entries that hold no connection (their counters
+ * go with them).
  */
 #include "pool_int.h"
 
@@ -47,8 +54,8 @@
  * doubling up to this, so a connection that keeps failing while its
  * socket idles makes a few monitor events a second at most. */
 #define RECONNECT_IVL_MAX_MS 1000
-/* How often the sweep reads the monitors of idle connections. */
-#define IDLE_DRAIN_MS 1000
+/* An entry must have gone unused this long before it may be forgotten. */
+#define FORGET_AFTER_MS 1000
 
 #define MONITOR_EVENTS                                                        \
     (ZMQ_EVENT_CONNECT_DELAYED | ZMQ_EVENT_CONNECT_RETRIED |                  \
@@ -60,12 +67,24 @@ struct ctl_addr {
     struct ctl_addr *next;
     char *address;
     ctl_conn **idle;
-    unsigned n_idle;
+    unsigned n_idle, cap_idle;
+    unsigned lent;           /* connections lent out now */
+    unsigned peak;           /* most lent at once, less the idle closed since */
+    int64_t used_ms;         /* last lend, or creation */
     _Atomic uint64_t calls;
     _Atomic uint64_t late_replies;
     _Atomic uint64_t sockets;
     _Atomic uint64_t retired;
     _Atomic uint64_t errors[CTL_CAUSE_COUNT];
+    _Atomic uint64_t attempts;
+    _Atomic uint64_t retries;
+    _Atomic uint64_t retries_busy;
+    _Atomic uint64_t retries_by_cause[CTL_CAUSE_COUNT];
+    _Atomic uint64_t retries_throttled;
+    _Atomic int64_t budget_spent; /* thousandths of a token below full */
+    /* Whether its sockets need ZMQ_IPV6: -1 not known yet, else 0 or 1
+     * (ctl_endpoint_needs_ipv6, worked out once, by the first dial). */
+    _Atomic int ipv6;
 };
 
 typedef struct retired {
@@ -80,8 +99,7 @@ struct ctl_pool {
     ctl_addr *buckets[BUCKETS];
     retired *ring; /* opts.max_retired slots */
     unsigned ring_head, ring_len;
-    int64_t idle_drained_at;
-    _Atomic uint64_t monitor_seq;
+    size_t n_entries;
     ctl_pool_counters counters;
 };
 
@@ -137,27 +155,10 @@ static void count_late(ctl_pool *p, ctl_addr *a)
     atomic_fetch_add_explicit(&a->late_replies, 1, memory_order_relaxed);
 }
 
-/* Read the monitors of idle connections, at most once every IDLE_DRAIN_MS,
- * so that their events do not pile up. Called with the mutex held. */
-static void drain_idle(ctl_pool *p, int64_t now)
-{
-    if (now - p->idle_drained_at < IDLE_DRAIN_MS)
-        return;
-    p->idle_drained_at = now;
-    for (unsigned b = 0; b < BUCKETS; b++)
-        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
-            for (unsigned i = 0; i < e->n_idle; i++)
-                drain_monitor(e->idle[i]);
-}
-
 /* Drain every retired connection and close the expired ones (or all, when
- * `all`); now and then read the idle connections' monitors. Called with
- * the mutex held. */
-static void sweep(ctl_pool *p, int all)
+ * `all`). Called with the mutex held. */
+static void sweep(ctl_pool *p, int64_t now, int all)
 {
-    int64_t now = ctl_now_ms();
-    if (!all)
-        drain_idle(p, now);
     unsigned n = p->ring_len;
     for (unsigned i = 0; i < n; i++) {
         retired r = p->ring[p->ring_head];
@@ -178,6 +179,63 @@ static void sweep(ctl_pool *p, int all)
             p->ring_len++;
         }
     }
+}
+
+/* Whether an idle connection is to be closed now: idle too long, or its
+ * unit has gone (the connection dropped, or attempts fail). */
+static int idle_expired(ctl_pool *p, ctl_conn *c, int64_t now)
+{
+    drain_monitor(c);
+    if (p->opts.idle_timeout_ms > 0 && now - c->idle_ms >= p->opts.idle_timeout_ms)
+        return 1;
+    return c->st.after_drop || c->st.fails > 0 || c->st.verdict_event;
+}
+
+static void unlink_entry(ctl_pool *p, ctl_addr *e);
+
+void ctl_pool_upkeep(ctl_pool *p, int64_t now)
+{
+    pthread_mutex_lock(&p->mu);
+    sweep(p, now, 0);
+    ctl_addr *lru = NULL;
+    size_t forgettable = 0;
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next) {
+            unsigned keep = 0;
+            for (unsigned i = 0; i < e->n_idle; i++) {
+                ctl_conn *c = e->idle[i];
+                if (idle_expired(p, c, now))
+                    close_conn(p, c, 0);
+                else
+                    e->idle[keep++] = c;
+            }
+            e->n_idle = keep;
+            e->peak = e->lent + e->n_idle;
+            if (!e->n_idle && !e->lent &&
+                !atomic_load_explicit(&e->sockets, memory_order_relaxed) &&
+                now - e->used_ms >= FORGET_AFTER_MS) {
+                forgettable++;
+                if (!lru || e->used_ms < lru->used_ms)
+                    lru = e;
+            }
+        }
+    }
+    /* Forget the least recently used entries beyond max_addresses, a few
+     * per pass (the next passes take the rest). */
+    for (int k = 0; k < 64 && lru && p->n_entries > p->opts.max_addresses; k++) {
+        unlink_entry(p, lru);
+        if (--forgettable == 0)
+            break;
+        lru = NULL;
+        for (unsigned b = 0; b < BUCKETS; b++)
+            for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+                if (!e->n_idle && !e->lent &&
+                    !atomic_load_explicit(&e->sockets, memory_order_relaxed) &&
+                    now - e->used_ms >= FORGET_AFTER_MS &&
+                    (!lru || e->used_ms < lru->used_ms))
+                    lru = e;
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 static ctl_addr *find_entry(ctl_pool *p, const char *address, uint32_t h)
@@ -209,8 +267,10 @@ static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
     e = calloc(1, sizeof *e);
     if (e) {
         e->address = ctl_strndup(address, strlen(address));
-        e->idle = calloc(p->opts.max_idle_per_address ? p->opts.max_idle_per_address : 1,
-                         sizeof *e->idle);
+        e->cap_idle = p->opts.max_idle_per_address ? p->opts.max_idle_per_address : 1;
+        e->idle = calloc(e->cap_idle, sizeof *e->idle);
+        e->used_ms = ctl_now_ms();
+        atomic_init(&e->ipv6, -1);
     }
     if (!e || !e->address || !e->idle) {
         if (e) {
@@ -224,7 +284,22 @@ static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
     }
     e->next = p->buckets[h % BUCKETS];
     p->buckets[h % BUCKETS] = e;
+    p->n_entries++;
     return e;
+}
+
+/* Remove `e` (no connection refers to it) and free it. Mutex held. */
+static void unlink_entry(ctl_pool *p, ctl_addr *e)
+{
+    ctl_addr **at = &p->buckets[hash(e->address) % BUCKETS];
+    while (*at && *at != e)
+        at = &(*at)->next;
+    if (*at)
+        *at = e->next;
+    p->n_entries--;
+    free(e->idle);
+    free(e->address);
+    free(e);
 }
 
 ctl_addr *ctl_pool_addr(ctl_pool *p, const char *address, ctl_error *err)
@@ -240,10 +315,7 @@ ctl_addr *ctl_pool_addr(ctl_pool *p, const char *address, ctl_error *err)
 static void *watch(ctl_pool *p, void *s)
 {
     char ep[96];
-    uint64_t n = atomic_fetch_add_explicit(&p->monitor_seq, 1,
-                                           memory_order_relaxed);
-    snprintf(ep, sizeof ep, "inproc://ctlrpc-monitor-%p-%llu", (void *)p,
-             (unsigned long long)n);
+    ctl_inproc_name(ep, sizeof ep, "client-monitor");
     if (zmq_socket_monitor(s, ep, MONITOR_EVENTS) != 0)
         return NULL;
     void *mon = zmq_socket(p->ctx, ZMQ_PAIR);
@@ -251,7 +323,7 @@ static void *watch(ctl_pool *p, void *s)
     /* No high-water mark on the reader: ZeroMQ sends monitor events
      * blocking, so a full pipe would stall the I/O thread. What piles up
      * is bounded by the reconnect back-off (RECONNECT_IVL_MAX) and drained
-     * by calls and by the pool's sweep (drain_idle). */
+     * by calls and by the upkeep (ctl_pool_upkeep). */
     if (mon && (zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
                 zmq_setsockopt(mon, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
                 zmq_connect(mon, ep) != 0)) {
@@ -280,9 +352,26 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         free(c);
         return NULL;
     }
-    int zero = 0, ivl_max = RECONNECT_IVL_MAX_MS;
+    int zero = 0, one = 1, ivl_max = RECONNECT_IVL_MAX_MS;
     int64_t maxmsg = (int64_t)p->opts.max_msg_bytes;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    /* IPv6 only where the endpoint needs it (a bracketed address, or a
+     * name with IPv6 addresses only): with ZMQ_IPV6 on, libzmq dials the
+     * first address a name resolves to, and `localhost` may resolve to ::1
+     * first while the unit listens on 127.0.0.1. A name is looked up once
+     * per address entry, on the first dial. */
+    int v6 = atomic_load_explicit(&a->ipv6, memory_order_relaxed);
+    if (v6 < 0) {
+        ctl_endpoint ep;
+        v6 = ctl_endpoint_parse(address, &ep, NULL) == 0 && ctl_endpoint_needs_ipv6(&ep);
+        atomic_store_explicit(&a->ipv6, v6, memory_order_relaxed);
+    }
+    if (v6)
+        zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
+    /* Nothing is queued before a connection is up: a request that found
+     * no connection was never sent, and can never reach a handler later
+     * (a unit that comes up after the call was reported refused). */
+    zmq_setsockopt(s, ZMQ_IMMEDIATE, &one, sizeof one);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     if (p->opts.curve_server[0] &&
@@ -315,33 +404,71 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         return NULL;
     }
     c->sock = s;
+    size_t fdlen = sizeof c->fd;
+    if (zmq_getsockopt(s, ZMQ_FD, &c->fd, &fdlen) != 0)
+        c->fd = -1;
     atomic_fetch_add_explicit(&a->sockets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->counters.sockets_opened, 1,
                               memory_order_relaxed);
     return c;
 }
 
-ctl_conn *ctl_pool_lend(ctl_pool *p, const char *address, ctl_error *err)
+static ctl_conn *lend(ctl_pool *p, const char *address, int fresh,
+                      ctl_error *err)
 {
     ctl_conn *conn = NULL;
     pthread_mutex_lock(&p->mu);
-    sweep(p, 0);
     ctl_addr *e = get_entry(p, address, err);
-    if (e && e->n_idle)
-        conn = e->idle[--e->n_idle];
+    if (e) {
+        if (e->n_idle && !fresh)
+            conn = e->idle[--e->n_idle];
+        if (++e->lent > e->peak)
+            e->peak = e->lent;
+        e->used_ms = ctl_now_ms();
+    }
     pthread_mutex_unlock(&p->mu);
-    if (!e)
-        return NULL;
+    if (!e || conn)
+        return conn;
     /* Dialing needs no lock: the new socket is not in the pool yet. */
-    return conn ? conn : dial(p, e, err);
+    conn = dial(p, e, err);
+    if (!conn) {
+        pthread_mutex_lock(&p->mu);
+        e->lent--;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return conn;
+}
+
+ctl_conn *ctl_pool_lend(ctl_pool *p, const char *address, ctl_error *err)
+{
+    return lend(p, address, 0, err);
+}
+
+ctl_conn *ctl_pool_lend_fresh(ctl_pool *p, const char *address, ctl_error *err)
+{
+    return lend(p, address, 1, err);
 }
 
 void ctl_pool_return(ctl_pool *p, ctl_conn *conn)
 {
     ctl_addr *e = conn->addr;
     pthread_mutex_lock(&p->mu);
-    sweep(p, 0);
-    if (e->n_idle < p->opts.max_idle_per_address) {
+    e->lent--;
+    /* Keep up to max_idle_per_address, or as many as the address had lent
+     * at once (a burst of calls to one unit wants them back at once; the
+     * upkeep closes them when the bursts stop, after idle_timeout_ms). */
+    int keep = e->n_idle < p->opts.max_idle_per_address || e->n_idle + e->lent < e->peak;
+    if (keep && e->n_idle >= e->cap_idle) {
+        unsigned cap = e->cap_idle * 2;
+        ctl_conn **idle = realloc(e->idle, cap * sizeof *idle);
+        if (idle) {
+            e->idle = idle;
+            e->cap_idle = cap;
+        }
+    }
+    if (keep && e->n_idle < e->cap_idle) {
+        conn->idle_ms = ctl_now_ms();
+        conn->reused = 1;
         e->idle[e->n_idle++] = conn;
         conn = NULL;
     }
@@ -355,11 +482,13 @@ void ctl_pool_retire(ctl_pool *p, ctl_conn *conn)
     atomic_fetch_add_explicit(&p->counters.sockets_retired, 1,
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&conn->addr->retired, 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);
+    conn->addr->lent--;
     if (p->opts.late_grace_ms <= 0) {
+        pthread_mutex_unlock(&p->mu);
         close_conn(p, conn, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     if (p->ring_len == p->opts.max_retired) {
         /* Full: the oldest leaves early. */
         retired old = p->ring[p->ring_head];
@@ -521,6 +650,55 @@ void ctl_pool_count_error(ctl_addr *a, ctl_cause cause)
         atomic_fetch_add_explicit(&a->errors[cause], 1, memory_order_relaxed);
 }
 
+void ctl_pool_count_attempt(ctl_addr *a)
+{
+    atomic_fetch_add_explicit(&a->attempts, 1, memory_order_relaxed);
+}
+
+void ctl_pool_count_retry(ctl_addr *a, int busy, ctl_cause cause)
+{
+    atomic_fetch_add_explicit(&a->retries, 1, memory_order_relaxed);
+    if (busy)
+        atomic_fetch_add_explicit(&a->retries_busy, 1, memory_order_relaxed);
+    else if (cause != CTL_CAUSE_NONE && (unsigned)cause < CTL_CAUSE_COUNT)
+        atomic_fetch_add_explicit(&a->retries_by_cause[cause], 1,
+                                  memory_order_relaxed);
+}
+
+void ctl_pool_count_throttled(ctl_addr *a)
+{
+    atomic_fetch_add_explicit(&a->retries_throttled, 1, memory_order_relaxed);
+}
+
+void ctl_pool_budget_fail(ctl_addr *a, int64_t cap)
+{
+    int64_t v = atomic_load_explicit(&a->budget_spent, memory_order_relaxed);
+    int64_t next;
+    do
+        next = v + 1000 > cap ? cap : v + 1000;
+    while (!atomic_compare_exchange_weak_explicit(&a->budget_spent, &v, next,
+                                                  memory_order_relaxed,
+                                                  memory_order_relaxed));
+}
+
+void ctl_pool_budget_success(ctl_addr *a, int64_t give)
+{
+    /* A full budget (the common case) costs one load. */
+    int64_t v = atomic_load_explicit(&a->budget_spent, memory_order_relaxed);
+    while (v > 0 &&
+           !atomic_compare_exchange_weak_explicit(&a->budget_spent, &v,
+                                                  v > give ? v - give : 0,
+                                                  memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+int ctl_pool_budget_allows(ctl_addr *a, int64_t cap)
+{
+    /* tokens > budget / 2, with tokens = cap - spent */
+    return 2 * atomic_load_explicit(&a->budget_spent, memory_order_relaxed) < cap;
+}
+
 void ctl_pool_address_stats(ctl_pool *p, const char *address,
                             ctl_address_stats *out)
 {
@@ -541,6 +719,15 @@ void ctl_pool_address_stats(ctl_pool *p, const char *address,
         out->errors[i] =
             atomic_load_explicit(&a->errors[i], memory_order_relaxed);
     out->timeouts = out->errors[CTL_CAUSE_TIMEOUT];
+    out->attempts = atomic_load_explicit(&a->attempts, memory_order_relaxed);
+    out->retries = atomic_load_explicit(&a->retries, memory_order_relaxed);
+    out->retries_busy =
+        atomic_load_explicit(&a->retries_busy, memory_order_relaxed);
+    for (unsigned i = 0; i < CTL_CAUSE_COUNT; i++)
+        out->retries_by_cause[i] =
+            atomic_load_explicit(&a->retries_by_cause[i], memory_order_relaxed);
+    out->retries_throttled =
+        atomic_load_explicit(&a->retries_throttled, memory_order_relaxed);
 }
 
 size_t ctl_pool_addresses(ctl_pool *p, const char **out, size_t max)
@@ -555,6 +742,24 @@ size_t ctl_pool_addresses(ctl_pool *p, const char **out, size_t max)
     return n;
 }
 
+int ctl_pool_idle_failing(ctl_pool *p, const char *address)
+{
+    int failing = 0;
+    pthread_mutex_lock(&p->mu);
+    ctl_addr *a = find_entry(p, address, hash(address));
+    for (unsigned i = 0; a && i < a->n_idle; i++) {
+        drain_monitor(a->idle[i]);
+        failing |= a->idle[i]->st.fails > 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return failing;
+}
+
+int ctl_pool_conn_fd(const ctl_conn *conn)
+{
+    return conn->fd;
+}
+
 const ctl_pool_counters *ctl_pool_counters_get(const ctl_pool *p)
 {
     return &p->counters;
@@ -566,7 +771,7 @@ void ctl_pool_destroy(ctl_pool **pool)
         return;
     ctl_pool *p = *pool;
     memset(p->opts.curve_secret, 0, sizeof p->opts.curve_secret);
-    sweep(p, 1);
+    sweep(p, ctl_now_ms(), 1);
     for (unsigned b = 0; b < BUCKETS; b++) {
         ctl_addr *e = p->buckets[b];
         while (e) {

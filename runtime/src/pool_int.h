@@ -14,8 +14,10 @@
  * a late reply, then closes it. Retired connections are never lent again,
  * which is what keeps a late reply from reaching a later call.
  *
- * Each address has an entry (ctl_addr) that lives as long as the pool and
- * holds the address's own counters (ctl_address_stats).
+ * Each address has an entry (ctl_addr) that holds the address's own
+ * counters (ctl_address_stats); it lives while a connection or a request
+ * refers to it, and is forgotten by the upkeep only when it has none and
+ * the pool holds more than max_addresses entries.
  *
  * Connection failures. ZeroMQ connects in the background and retries for
  * ever; it reports each step on the socket's monitor (an inproc PAIR per
@@ -42,6 +44,8 @@ typedef struct ctl_pool_options {
     unsigned max_idle_per_address;
     unsigned max_retired;
     int late_grace_ms;
+    int idle_timeout_ms;   /* an idle connection is closed after this */
+    size_t max_addresses;  /* entries kept before the unused are forgotten */
     size_t max_msg_bytes; /* ZMQ_MAXMSGSIZE on every socket */
     /* CURVE keys (Z85, NUL-terminated) or empty strings for none. */
     char curve_server[41];
@@ -82,6 +86,11 @@ typedef struct ctl_conn {
     void *sock;
     void *mon;      /* PAIR receiving the monitor's events; NULL if none */
     ctl_addr *addr; /* the address it is connected to */
+    int fd;         /* the DEALER's ZMQ_FD (-1 if unknown) */
+    int64_t idle_ms; /* when it last became idle */
+    int reused;     /* it has served a call before (came from the idle
+                       stack): a send that finds no connection on it means
+                       the connection dropped since */
     ctl_conn_state st;
 } ctl_conn;
 
@@ -115,12 +124,26 @@ ctl_addr *ctl_pool_addr(ctl_pool *pool, const char *address, ctl_error *err);
  * for a bad address, CTL_TRANSFER otherwise). */
 ctl_conn *ctl_pool_lend(ctl_pool *pool, const char *address, ctl_error *err);
 
+/* Lend a connection dialed afresh, never an idle one (a transparent retry:
+ * the idle ones of the address may have lost their connection too). */
+ctl_conn *ctl_pool_lend_fresh(ctl_pool *pool, const char *address,
+                              ctl_error *err);
+
 /* Give back a connection whose last request completed cleanly. */
 void ctl_pool_return(ctl_pool *pool, ctl_conn *conn);
 
 /* Take a connection out of use for good (after a timeout, a mismatched
  * reply, a failure). */
 void ctl_pool_retire(ctl_pool *pool, ctl_conn *conn);
+
+/* The upkeep, run by the client's I/O thread a few times a second: drain
+ * and close retired connections, read idle connections' monitors, close
+ * idle connections that have idled idle_timeout_ms or whose unit has gone,
+ * forget unused address entries past max_addresses. Never blocks. */
+void ctl_pool_upkeep(ctl_pool *pool, int64_t now_ms);
+
+/* The DEALER's ZMQ_FD, for the I/O thread's epoll set; -1 if unknown. */
+int ctl_pool_conn_fd(const ctl_conn *conn);
 
 /* Read the monitor events that have arrived for `conn` (never blocks) and
  * say whether its connection can still carry a call. `now_ms` is the
@@ -134,6 +157,20 @@ int ctl_pool_curve(const ctl_pool *pool);
 void ctl_pool_count_late(ctl_pool *pool, ctl_addr *addr);
 void ctl_pool_count_call(ctl_addr *addr);
 void ctl_pool_count_error(ctl_addr *addr, ctl_cause cause);
+/* An attempt begun; a retry (after Busy when `busy`, else after a
+ * CTL_TRANSFER failure of `cause`, or a transparent one with
+ * CTL_CAUSE_NONE); a retry the budget refused. */
+void ctl_pool_count_attempt(ctl_addr *addr);
+void ctl_pool_count_retry(ctl_addr *addr, int busy, ctl_cause cause);
+void ctl_pool_count_throttled(ctl_addr *addr);
+
+/* The retry budget of an address, in thousandths of a token below full
+ * (an entry starts full). A failure takes 1000 (down to empty, `cap` =
+ * budget_tokens * 1000); a success gives `give` back (up to full); a retry
+ * is allowed while more than half of `cap` remains. */
+void ctl_pool_budget_fail(ctl_addr *addr, int64_t cap);
+void ctl_pool_budget_success(ctl_addr *addr, int64_t give);
+int ctl_pool_budget_allows(ctl_addr *addr, int64_t cap);
 
 /* The counters of `address`, all zero when the pool has never dialed it. */
 void ctl_pool_address_stats(ctl_pool *pool, const char *address,
@@ -143,5 +180,9 @@ void ctl_pool_address_stats(ctl_pool *pool, const char *address,
 size_t ctl_pool_addresses(ctl_pool *pool, const char **out, size_t max);
 
 const ctl_pool_counters *ctl_pool_counters_get(const ctl_pool *pool);
+
+/* Tests: whether an idle connection of `address` has seen its connection
+ * drop and a reconnect fail since (reads the idle monitors). */
+int ctl_pool_idle_failing(ctl_pool *pool, const char *address);
 
 #endif /* CTLRPC_POOL_INT_H */

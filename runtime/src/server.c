@@ -14,22 +14,36 @@
  * and lost, accepts that failed (out of file descriptors) and handshakes
  * refused, which it counts and logs (ctlrpc/log.h).
  *
- * Waking up for close: a server that owns its context and has no ZAP
- * handler blocks in the ROUTER's receive and is woken by shutting the
- * context down; otherwise the thread sleeps in zmq_poll on the ROUTER, the
- * ZAP socket and the read end of a pipe that ctl_server_close writes one
- * byte to. Either way closing wakes it at once, with no polling interval.
+ * One serving loop (serve()), two ways of waiting: a server that owns its
+ * context blocks in the ROUTER's receive and is woken by shutting the
+ * context down; one on a borrowed context sleeps in zmq_poll on the ROUTER
+ * and the read end of a pipe that ctl_server_close writes one byte to.
+ * Either way closing wakes it at once, with no polling interval, and the
+ * stop and drain flags are looked at before every request. An allowlist's
+ * ZAP requests are answered on the ZAP handler's thread (curve_int.h),
+ * shared by the units of one context.
+ *
+ * Inproc names (the monitor's) come from ctl_inproc_name: unique for the
+ * process's life, so units created and destroyed on one shared context
+ * never meet a name libzmq has not let go of yet.
  */
 #include "ctlrpc/server.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <zmq.h>
 
@@ -39,6 +53,7 @@
 #include "curve_int.h"
 #include "dispatch_int.h"
 #include "log_int.h"
+#include "server_int.h"
 #include "transport_int.h"
 #include "util_int.h"
 
@@ -47,6 +62,8 @@
  * at once beyond it wait for SYN retransmissions (1 s, 3 s, 7 s, ...); the
  * kernel caps this at net.core.somaxconn. */
 #define LISTEN_BACKLOG 4096
+/* Replies queued per connection by default (ZMQ_SNDHWM; ZeroMQ's own). */
+#define DEFAULT_QUEUED_REPLIES 1000
 /* Replies at least this large go to ZeroMQ without a copy. */
 #define ZERO_COPY_MIN ((size_t)32 * 1024)
 /* Messages handled per wake-up before the close pipe is looked at again. */
@@ -75,12 +92,16 @@ struct ctl_server {
     pthread_t monitor_thread;
     int monitor_started;
     ctl_log_limit send_limit; /* send failures (serving thread) */
+    char curve_public[CTL_CURVE_KEY_BUF]; /* "" without CURVE */
+    ctl_server_hooks hooks; /* server_int.h; zero when none */
+    int hooked;
 };
 
 /* The monitor events the server counts and logs. */
 #define MONITOR_EVENTS                                                          \
     (ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED | ZMQ_EVENT_DISCONNECTED |    \
      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |        \
      ZMQ_EVENT_MONITOR_STOPPED)
 
 void ctl_server_options_init(ctl_server_options *opts)
@@ -144,10 +165,12 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
     if (!ok && ctl_log_enabled(CTL_LOG_INFO) &&
         ctl_log_limit_pass(&s->send_limit, ctl_now_ms(), &skipped)) {
         int e = zmq_errno();
-        ctl_log(CTL_LOG_INFO, "server", "%s: cannot send a reply of %zu bytes: %s%s "
-                "(%llu more since the last line)", s->endpoint, s->core.reply_len,
-                zmq_strerror(e), e == EHOSTUNREACH ? " (the client is gone)" : "",
-                (unsigned long long)skipped);
+        char more[80] = "";
+        if (skipped)
+            snprintf(more, sizeof more, CTL_LOG_LEFT_OUT_FMT, (unsigned long long)skipped);
+        ctl_log(CTL_LOG_INFO, "server", "%s: cannot send a reply of %zu bytes: %s%s%s",
+                s->endpoint, s->core.reply_len, zmq_strerror(e),
+                e == EHOSTUNREACH ? " (the client is gone)" : "", more);
     }
 }
 
@@ -178,69 +201,61 @@ static int serve_one(ctl_server *s, int flags)
     return 0;
 }
 
-/*
- * The serving loop when the server owns its ZeroMQ context and has no ZAP
- * handler: block in the ROUTER's receive. close() wakes it by shutting the
- * context down (the receive returns ETERM). One blocking receive per
- * request costs fewer system calls than zmq_poll plus a non-blocking
- * receive, which shows in every round trip's latency.
- */
 static void drain(ctl_server *s);
 
-static void *serve_blocking(void *arg)
+/* Whether close or drain has been asked for. */
+static bool stop_asked(ctl_server *s)
 {
-    ctl_server *s = arg;
-    while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
-        /* The receive gives up every DRAIN_CHECK_MS (ZMQ_RCVTIMEO), so a
-         * drain is seen without a wake-up call; a request arriving is
-         * served at once. */
-        if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
-            drain(s);
-            break;
-        }
-        if (serve_one(s, 0) != 0 && zmq_errno() == ETERM)
-            break;
-    }
-    return NULL;
+    return atomic_load_explicit(&s->stopping, memory_order_acquire) ||
+           atomic_load_explicit(&s->draining, memory_order_acquire);
 }
 
 /*
- * The serving loop otherwise (a borrowed context, which close() may not
- * shut down, or a ZAP handler to serve too): poll the ROUTER, the close
- * pipe and the ZAP socket.
+ * The serving loop. It looks at the stop and drain flags before every
+ * request it reads, so a request still queued when close is called is not
+ * served, and one queued when a drain begins gets Busy "draining" (drain()
+ * answers it), whichever way the thread waits:
+ *
+ *   - blocking (the server owns its context): in the ROUTER's receive.
+ *     close() wakes it by shutting the context down (the receive returns
+ *     ETERM); the receive gives up every DRAIN_CHECK_MS (ZMQ_RCVTIMEO) so
+ *     that an idle thread sees a drain begin without a wake-up. One
+ *     blocking receive per request costs fewer system calls than zmq_poll
+ *     plus a non-blocking receive, which shows in every round trip.
+ *   - polling (a borrowed context, which close() may not shut down): in
+ *     zmq_poll on the ROUTER and the close pipe, which close() and drain()
+ *     write a byte to; then up to BATCH requests without waiting.
+ *
+ * ZAP requests (allowlists) are answered by the ZAP handler's own thread
+ * (curve.c), so handshakes go on during a drain or a long handler.
  */
 static void *serve(void *arg)
 {
     ctl_server *s = arg;
-    zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0},
-                               {NULL, s->wake[0], ZMQ_POLLIN, 0},
-                               {s->zap ? ctl_zap_socket(s->zap) : NULL, 0,
-                                ZMQ_POLLIN, 0}};
-    int nitems = s->zap ? 3 : 2;
-    for (;;) {
-        /* Waits without a timeout on purpose: close() wakes it. */
-        int rc = zmq_poll(items, nitems, -1);
+    zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0},
+                               {NULL, s->wake[0], ZMQ_POLLIN, 0}};
+    while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
+        if (atomic_load_explicit(&s->draining, memory_order_acquire)) {
+            drain(s);
+            break;
+        }
+        if (s->blocking) {
+            if (serve_one(s, 0) != 0 && zmq_errno() == ETERM)
+                break;
+            continue;
+        }
+        /* Waits without a timeout on purpose: close() and drain() wake it. */
+        int rc = zmq_poll(items, 2, -1);
         if (rc < 0) {
-            if (errno == EINTR)
+            if (zmq_errno() == EINTR)
                 continue;
             break; /* ETERM or a broken socket: nothing left to serve */
         }
-        if (items[1].revents) {
-            if (!atomic_load_explicit(&s->stopping, memory_order_acquire) &&
-                atomic_load_explicit(&s->draining, memory_order_acquire))
-                drain(s);
-            break;
-        }
-        if (nitems == 3 && items[2].revents)
-            ctl_zap_serve(s->zap);
-        /* Requests still queued when close is called are not served:
-         * look at the flag before each one. */
-        for (int i = 0; i < BATCH; i++)
-            if (atomic_load_explicit(&s->stopping, memory_order_acquire) ||
-                serve_one(s, ZMQ_DONTWAIT) != 0)
+        if (items[1].revents)
+            continue; /* the flags say what to do */
+        for (int i = 0; i < BATCH && !stop_asked(s); i++)
+            if (serve_one(s, ZMQ_DONTWAIT) != 0)
                 break;
-        if (atomic_load_explicit(&s->stopping, memory_order_acquire))
-            break;
     }
     return NULL;
 }
@@ -282,6 +297,148 @@ static void bump(_Atomic uint64_t *c)
                           memory_order_relaxed);
 }
 
+/* The kinds of refused handshake, each logged with its own limiter. */
+enum { HS_MECHANISM, HS_CURVE, HS_OTHER, HS_SOCKTYPE, HS_KINDS };
+
+/* The connections whose handshake has had no outcome yet, to tell a peer
+ * of a wrong ZMTP socket type (a PUSH, PUB, SUB, PAIR...): libzmq closes
+ * it with no handshake event at all. A failed handshake's event names no
+ * connection either, but its disconnect follows at once (`failed` counts
+ * those awaited). A success names none: it is taken as the oldest
+ * connection under way that has received a whole greeting and a command
+ * (a silent or half-done peer has not), which is exact unless two peers
+ * finish their greetings at the same moment. A success that finds none
+ * (the peer called and left before the monitor read the event: its
+ * descriptor is closed) is kept in `unmatched`, and the next close of a
+ * connection under way is taken as its own, not as a wrong socket type:
+ * a refusal may go uncounted then, an honest peer is never logged as
+ * refused. The monitor thread's own: a
+ * FIFO of descriptors (pruned lazily of those no longer under way) and,
+ * per descriptor, whether its handshake is under way and the peer's
+ * address (for the log line). */
+typedef struct hs_pending {
+    int *fifo;
+    size_t head, tail, cap;
+    unsigned failed;
+    size_t unmatched;
+    struct hs_fd {
+        bool open;
+        char addr[INET6_ADDRSTRLEN];
+    } *fd;
+    size_t fd_cap;
+} hs_pending;
+
+static void peer_address(int fd, char *out, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    snprintf(out, len, "an unknown address");
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)len);
+    else if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)len);
+}
+
+/* A connection accepted: its handshake is under way. Out of memory, it is
+ * not tracked (its close is then never taken for a wrong socket type). */
+static void hs_opened(hs_pending *p, int fd)
+{
+    if (fd < 0)
+        return;
+    if ((size_t)fd >= p->fd_cap) {
+        size_t cap = p->fd_cap ? p->fd_cap : 64;
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        struct hs_fd *bigger = realloc(p->fd, cap * sizeof *bigger);
+        if (!bigger)
+            return;
+        memset(bigger + p->fd_cap, 0, (cap - p->fd_cap) * sizeof *bigger);
+        p->fd = bigger;
+        p->fd_cap = cap;
+    }
+    if (p->tail == p->cap) { /* keep only those still under way, then grow */
+        size_t n = 0;
+        for (size_t i = p->head; i < p->tail; i++)
+            if (p->fd[p->fifo[i]].open)
+                p->fifo[n++] = p->fifo[i];
+        p->head = 0;
+        p->tail = n;
+        if (n * 2 >= p->cap) {
+            size_t cap = p->cap ? p->cap * 2 : 64;
+            int *bigger = realloc(p->fifo, cap * sizeof *bigger);
+            if (!bigger)
+                return;
+            p->fifo = bigger;
+            p->cap = cap;
+        }
+    }
+    p->fifo[p->tail++] = fd;
+    p->fd[fd].open = true;
+    peer_address(fd, p->fd[fd].addr, sizeof p->fd[fd].addr);
+}
+
+/* The bytes a connection has received: a ZMTP greeting is 64, a command
+ * at least 2 more. */
+#define HS_GREETED 66
+static bool hs_greeted(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    return getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+           len > offsetof(struct tcp_info, tcpi_bytes_received) &&
+           ti.tcpi_bytes_received >= HS_GREETED;
+}
+
+/* A handshake succeeded: see hs_pending for which one is taken. */
+static void hs_succeeded(hs_pending *p)
+{
+    size_t under_way = 0;
+    for (size_t i = p->head; i < p->tail; i++) {
+        int fd = p->fifo[i];
+        if (!p->fd[fd].open)
+            continue;
+        under_way++;
+        if (!hs_greeted(fd))
+            continue;
+        p->fd[fd].open = false;
+        while (p->head < p->tail && !p->fd[p->fifo[p->head]].open)
+            p->head++;
+        return;
+    }
+    if (p->unmatched < under_way)
+        p->unmatched++;
+}
+
+/* A connection closed: true when its handshake was still under way with no
+ * handshake event for it, with the peer's address in *addr. */
+static bool hs_closed(hs_pending *p, int fd, const char **addr)
+{
+    bool open = fd >= 0 && (size_t)fd < p->fd_cap && p->fd[fd].open;
+    if (open)
+        p->fd[fd].open = false;
+    if (p->failed) { /* the connection whose failure was just reported */
+        p->failed--;
+        return false;
+    }
+    if (open && p->unmatched) { /* a success that found no descriptor: its own */
+        p->unmatched--;
+        return false;
+    }
+    if (open)
+        *addr = p->fd[fd].addr;
+    return open;
+}
+
+static int handshake_kind(uint32_t code)
+{
+    return code == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? HS_MECHANISM
+           : code == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC    ? HS_CURVE
+                                                               : HS_OTHER;
+}
+
 static const char *handshake_why(uint32_t code)
 {
     switch (code) {
@@ -298,17 +455,42 @@ static const char *handshake_why(uint32_t code)
 
 /* Count and log one event; returns 1 once the monitor has stopped. */
 static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
-                         ctl_log_limit *accept_limit, ctl_log_limit *handshake_limit)
+                         ctl_log_limit *accept_limit,
+                         ctl_log_limit handshake_limit[HS_KINDS], hs_pending *hs)
 {
     ctl_dispatch_counters *c = &s->core.counters;
     uint64_t skipped = 0;
     char more[80] = "";
+    const char *addr = NULL;
     switch (event) {
     case ZMQ_EVENT_ACCEPTED:
+        if (ctl_zap_counts(s->zap))
+            ctl_zap_conn_opened(s->zap, (int)value);
+        hs_opened(hs, (int)value);
         bump(&c->accepted);
         return 0;
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        hs_succeeded(hs);
+        return 0;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: /* the ZAP handler counted and logged it */
+        hs->failed++;
+        return 0;
     case ZMQ_EVENT_DISCONNECTED:
+        if (ctl_zap_counts(s->zap))
+            ctl_zap_conn_closed(s->zap, (int)value);
         bump(&c->disconnects);
+        if (hs_closed(hs, (int)value, &addr)) {
+            bump(&c->handshake_failures);
+            if (ctl_log_enabled(CTL_LOG_WARN) &&
+                ctl_log_limit_pass(&handshake_limit[HS_SOCKTYPE], ctl_now_ms(), &skipped)) {
+                if (skipped)
+                    snprintf(more, sizeof more, CTL_LOG_LEFT_OUT_FMT, (unsigned long long)skipped);
+                ctl_log(CTL_LOG_WARN, "server", "%s: refused a connection from %s: its "
+                        "ZeroMQ socket type is not one a unit talks to (a DEALER or REQ)%s",
+                        s->endpoint, addr, more);
+            }
+            return 0;
+        }
         if (ctl_log_enabled(CTL_LOG_DEBUG))
             ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection closed (by the client, "
                     "or by ZeroMQ for a message over max_msg_bytes)", s->endpoint);
@@ -319,8 +501,7 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
             !ctl_log_limit_pass(accept_limit, ctl_now_ms(), &skipped))
             return 0;
         if (skipped)
-            snprintf(more, sizeof more, " (%llu more since the last line)",
-                     (unsigned long long)skipped);
+            snprintf(more, sizeof more, CTL_LOG_LEFT_OUT_FMT, (unsigned long long)skipped);
         ctl_log(CTL_LOG_WARN, "server", "%s: cannot accept a connection: %s (errno %u)%s%s",
                 s->endpoint, strerror((int)value), (unsigned)value,
                 value == EMFILE || value == ENFILE
@@ -331,18 +512,20 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         /* The connection broke during the handshake (the client went away:
          * value is an errno); a disconnect follows, and is counted. */
+        hs->failed++;
         if (ctl_log_enabled(CTL_LOG_DEBUG))
             ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection broke during its "
                     "handshake: %s", s->endpoint, strerror((int)value));
         return 0;
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        hs->failed++;
         bump(&c->handshake_failures);
         if (!ctl_log_enabled(CTL_LOG_WARN) ||
-            !ctl_log_limit_pass(handshake_limit, ctl_now_ms(), &skipped))
+            !ctl_log_limit_pass(&handshake_limit[handshake_kind(value)], ctl_now_ms(),
+                                &skipped))
             return 0;
         if (skipped)
-            snprintf(more, sizeof more, " (%llu more since the last line)",
-                     (unsigned long long)skipped);
+            snprintf(more, sizeof more, CTL_LOG_LEFT_OUT_FMT, (unsigned long long)skipped);
         ctl_log(CTL_LOG_WARN, "server", "%s: refused a connection's handshake: %s "
                 "(ZeroMQ protocol error 0x%08x)%s", s->endpoint, handshake_why(value),
                 (unsigned)value, more);
@@ -359,7 +542,8 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
 static void *monitor_main(void *arg)
 {
     ctl_server *s = arg;
-    ctl_log_limit accept_limit = {0}, handshake_limit = {0};
+    ctl_log_limit accept_limit = {0}, handshake_limit[HS_KINDS] = {{0}};
+    hs_pending hs = {0};
     for (;;) {
         zmq_msg_t f[2];
         int n = ctl_recv_message(s->monitor, f, 2, 0);
@@ -375,12 +559,14 @@ static void *monitor_main(void *arg)
             uint32_t value;
             memcpy(&event, b, sizeof event);
             memcpy(&value, b + 2, sizeof value);
-            stop = monitor_event(s, event, value, &accept_limit, &handshake_limit);
+            stop = monitor_event(s, event, value, &accept_limit, handshake_limit, &hs);
         }
         ctl_frames_close(f, n < 2 ? n : 2);
         if (stop)
             break;
     }
+    free(hs.fifo);
+    free(hs.fd);
     zmq_close(s->monitor);
     return NULL;
 }
@@ -388,12 +574,18 @@ static void *monitor_main(void *arg)
 /* Start monitoring the ROUTER (before it binds, so no event is missed). */
 static int start_monitor(ctl_server *s, const char *addr, ctl_error *err)
 {
-    char name[64];
+    char name[CTL_INPROC_NAME_MAX];
     int zero = 0;
-    snprintf(name, sizeof name, "inproc://ctlrpc-monitor-%p", (void *)s);
+    ctl_inproc_name(name, sizeof name, "srvmon");
+    /* No high-water mark on the reader: ZeroMQ sends monitor events
+     * blocking, under a lock of the ROUTER's, so a full pipe would stall
+     * the I/O thread and with it every connection of the context. The
+     * monitor thread reads all the time; what can pile up is bounded by
+     * the connections accepted while it waits (a log sink that blocks). */
     if (zmq_socket_monitor(s->router, name, MONITOR_EVENTS) != 0 ||
         !(s->monitor = zmq_socket(s->ctx, ZMQ_PAIR)) ||
         zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(s->monitor, ZMQ_RCVHWM, &zero, sizeof zero) != 0 ||
         zmq_connect(s->monitor, name) != 0) {
         int rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                     "server %s: cannot monitor its socket: %s", addr,
@@ -421,6 +613,23 @@ static void stop_monitor(ctl_server *s)
 
 /* ---- lifecycle ------------------------------------------------------ */
 
+/* Register with the ZAP handler of the context (an allowlist, caps) and
+ * have the ROUTER ask it, under the unit's own domain. */
+static int setup_zap(ctl_server *s, const ctl_server_options *opts, const char *addr,
+                     ctl_error *err)
+{
+    ctl_zap_caps caps = {opts->max_connections, opts->max_connections_per_address,
+                         &s->core.counters.conn_refused};
+    int rc = ctl_zap_new(s->ctx, opts->curve_secret_key ? opts->curve_allow : NULL,
+                         opts->curve_secret_key ? opts->curve_allow_count : 0,
+                         &s->core.counters.auth_denied, &caps, addr, &s->zap, err);
+    if (rc)
+        return rc;
+    const char *domain = ctl_zap_domain(s->zap);
+    zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, domain, strlen(domain));
+    return 0;
+}
+
 /* CURVE server mode, and the ZAP handler when there is an allowlist. */
 static int setup_curve(ctl_server *s, const ctl_server_options *opts,
                        const char *addr, ctl_error *err)
@@ -439,13 +648,18 @@ static int setup_curve(ctl_server *s, const ctl_server_options *opts,
                              "server %s: curve_allow_count is %zu but "
                              "curve_allow is NULL", addr,
                              opts->curve_allow_count);
+    for (size_t i = 0; i < opts->curve_allow_count; i++)
+        if (opts->curve_allow[i] &&
+            strcmp(opts->curve_allow[i], opts->curve_secret_key) == 0)
+            return ctl_error_set(err, CTL_INVALID,
+                                 "server %s: allowed client key #%zu is the "
+                                 "unit's own secret key: an allowlist holds "
+                                 "client public keys (make a new key pair for "
+                                 "the unit, this secret is exposed)", addr, i);
     if (opts->curve_allow_count) {
-        int rc = ctl_zap_new(s->ctx, opts->curve_allow, opts->curve_allow_count,
-                             &s->core.counters.auth_denied, addr, &s->zap, err);
+        int rc = setup_zap(s, opts, addr, err);
         if (rc)
             return rc;
-        ctl_zap_set_endpoint(s->zap, s->endpoint);
-        zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "ctlrpc", 6);
     }
     if (zmq_setsockopt(s->router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, opts->curve_secret_key,
@@ -453,7 +667,28 @@ static int setup_curve(ctl_server *s, const ctl_server_options *opts,
         return ctl_error_set(err, CTL_INVALID,
                              "server %s: cannot enable CURVE: %s", addr,
                              zmq_strerror(zmq_errno()));
+    if (ctl_curve_public_of(opts->curve_secret_key, s->curve_public, err) != 0)
+        return err ? err->kind : CTL_INVALID;
     return 0;
+}
+
+/* The handshake limit and the heartbeats that reap dead and silent peers
+ * (server.h, ctl_server_options). */
+static void set_reaping(void *router, const ctl_server_options *opts)
+{
+    int handshake = opts && opts->handshake_timeout_ms ? opts->handshake_timeout_ms
+                                                       : CTL_DEFAULT_HANDSHAKE_MS;
+    int beat = opts && opts->heartbeat_ms ? opts->heartbeat_ms : CTL_DEFAULT_HEARTBEAT_MS;
+    int timeout = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms
+                  : beat > INT_MAX / 3                  ? INT_MAX
+                                                        : 3 * beat;
+    if (handshake < 0)
+        handshake = 0; /* ZeroMQ's "no limit" */
+    zmq_setsockopt(router, ZMQ_HANDSHAKE_IVL, &handshake, sizeof handshake);
+    if (beat > 0) {
+        zmq_setsockopt(router, ZMQ_HEARTBEAT_IVL, &beat, sizeof beat);
+        zmq_setsockopt(router, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    }
 }
 
 /* The endpoint to bind: the option, or tcp://<node_ip>:* ; port 0 is
@@ -478,6 +713,8 @@ static int bind_address(const ctl_server_options *opts, char *buf, size_t len,
 
 static void free_server(ctl_server *s)
 {
+    if (s->hooked && s->hooks.on_destroy)
+        s->hooks.on_destroy(s->hooks.arg);
     if (!s->monitor_started && s->monitor)
         zmq_close(s->monitor);
     if (s->router)
@@ -542,8 +779,30 @@ int ctl_server_new(const ctl_service *service, void *user,
     zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s->router, ZMQ_BACKLOG, &backlog, sizeof backlog);
+    int queued = opts && opts->max_queued_replies && opts->max_queued_replies <= INT_MAX
+                     ? (int)opts->max_queued_replies
+                     : DEFAULT_QUEUED_REPLIES;
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &queued, sizeof queued);
+    if (opts && opts->max_reply_bytes)
+        s->core.max_reply_bytes = opts->max_reply_bytes;
+    if (opts && opts->deadline_skew_ms)
+        s->core.deadline_skew_ms = opts->deadline_skew_ms;
+    set_reaping(s->router, opts);
+    /* IPv6 where the endpoint needs it: without ZMQ_IPV6 ZeroMQ cannot
+     * bind tcp://[::1]:port, nor an interface with IPv6 addresses only. Not for
+     * IPv4 endpoints, which it would bind as IPv4-mapped IPv6. */
+    ctl_endpoint bep;
+    int v6 = ctl_endpoint_parse(addr, &bep, NULL) == 0 && ctl_endpoint_needs_ipv6(&bep);
+    zmq_setsockopt(s->router, ZMQ_IPV6, &v6, sizeof v6);
     if (opts && opts->curve_secret_key &&
         (rc = setup_curve(s, opts, addr, err)) != 0) {
+        free_server(s);
+        return rc;
+    }
+    /* Caps without an allowlist: the ZAP handler judges every handshake,
+     * CURVE or not, by them alone. */
+    if (opts && !s->zap && (opts->max_connections || opts->max_connections_per_address) &&
+        (rc = setup_zap(s, opts, addr, err)) != 0) {
         free_server(s);
         return rc;
     }
@@ -552,15 +811,26 @@ int ctl_server_new(const ctl_service *service, void *user,
         return rc;
     }
     if (zmq_bind(s->router, addr) != 0) {
-        rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
-                                "server: cannot bind %s: %s", addr,
-                                zmq_strerror(zmq_errno()));
+        /* For a name it cannot resolve, libzmq says ENODEV ("No such
+         * device"): it also tries the name as an interface's. */
+        ctl_endpoint ep;
+        if (zmq_errno() == ENODEV && ctl_endpoint_parse(addr, &ep, NULL) == 0)
+            rc = ctl_error_transfer(err, CTL_CAUSE_UNRESOLVED,
+                                    "server: cannot bind %s: host '%s' does not "
+                                    "resolve (nor name a network interface)",
+                                    addr, ep.host);
+        else
+            rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                                    "server: cannot bind %s: %s", addr,
+                                    zmq_strerror(zmq_errno()));
         free_server(s);
         return rc;
     }
     size_t elen = sizeof s->endpoint;
     if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &elen) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", addr);
+    if (s->zap)
+        ctl_zap_set_endpoint(s->zap, s->endpoint);
     s->core.who = s->endpoint;
     s->core.describe_off = opts && opts->describe_off;
 
@@ -568,7 +838,7 @@ int ctl_server_new(const ctl_service *service, void *user,
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    s->blocking = s->own_ctx && !s->zap;
+    s->blocking = s->own_ctx;
     if (s->blocking) {
         int check = DRAIN_CHECK_MS;
         zmq_setsockopt(s->router, ZMQ_RCVTIMEO, &check, sizeof check);
@@ -576,7 +846,7 @@ int ctl_server_new(const ctl_service *service, void *user,
     rc = pthread_create(&s->monitor_thread, NULL, monitor_main, s);
     s->monitor_started = rc == 0;
     if (rc == 0)
-        rc = pthread_create(&s->thread, NULL, s->blocking ? serve_blocking : serve, s);
+        rc = pthread_create(&s->thread, NULL, serve, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
         stop_monitor(s);
@@ -589,6 +859,24 @@ int ctl_server_new(const ctl_service *service, void *user,
     s->started = 1;
     *out = s;
     return 0;
+}
+
+int ctl_server_set_allowlist(ctl_server *server, const char *const *keys, size_t count,
+                             ctl_error *err)
+{
+    /* The unit's own secret key is told by its public key: the server keeps
+     * no copy of the secret. */
+    char pub[CTL_CURVE_KEY_BUF];
+    for (size_t i = 0; server->curve_public[0] && keys && i < count; i++)
+        if (keys[i] && ctl_curve_key_valid(keys[i]) &&
+            ctl_curve_public_of(keys[i], pub, NULL) == 0 &&
+            strcmp(pub, server->curve_public) == 0)
+            return ctl_error_set(err, CTL_INVALID,
+                                 "server %s: allowed client key #%zu is the unit's own "
+                                 "secret key: an allowlist holds client public keys (make "
+                                 "a new key pair for the unit, this secret is exposed)",
+                                 server->endpoint, i);
+    return ctl_zap_set_keys(server->zap, keys, count, server->endpoint, err);
 }
 
 const char *ctl_server_endpoint(const ctl_server *server)
@@ -610,6 +898,8 @@ void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out)
     out->send_failures =
         atomic_load_explicit(&c->send_failures, memory_order_relaxed);
     out->auth_denied = atomic_load_explicit(&c->auth_denied, memory_order_relaxed);
+    out->conn_refused = atomic_load_explicit(&c->conn_refused, memory_order_relaxed);
+    out->expired = atomic_load_explicit(&c->expired, memory_order_relaxed);
     out->undeclared = atomic_load_explicit(&c->undeclared, memory_order_relaxed);
     out->unknown_op = atomic_load_explicit(&c->unknown_op, memory_order_relaxed);
     out->bytes_in = atomic_load_explicit(&c->bytes_in, memory_order_relaxed);
@@ -679,12 +969,16 @@ void ctl_server_close(ctl_server *server)
         server->router = NULL;
     }
     ctl_zap_destroy(&server->zap);
+    if (server->hooked && server->hooks.on_closed)
+        server->hooks.on_closed(server->hooks.arg);
 }
 
 void ctl_server_drain(ctl_server *server, int timeout_ms)
 {
     if (!server || server->closed)
         return;
+    if (server->hooked && server->hooks.on_drain)
+        server->hooks.on_drain(server->hooks.arg);
     if (server->started) {
         atomic_store_explicit(&server->drain_deadline_ms,
                               ctl_now_ms() + (timeout_ms > 0 ? timeout_ms : 0),
@@ -702,4 +996,30 @@ void ctl_server_destroy(ctl_server **server)
     ctl_server_close(*server);
     free_server(*server);
     *server = NULL;
+}
+
+/* ---- server_int.h ---------------------------------------------------- */
+
+int ctl_server_set_hooks(ctl_server *server, const ctl_server_hooks *hooks)
+{
+    if (!server || server->closed || server->hooked)
+        return -1;
+    server->hooks = *hooks;
+    server->hooked = 1;
+    return 0;
+}
+
+void *ctl_server_hooks_arg(const ctl_server *server)
+{
+    return server && server->hooked ? server->hooks.arg : NULL;
+}
+
+const ctl_service *ctl_server_service(const ctl_server *server)
+{
+    return server->core.service;
+}
+
+const char *ctl_server_curve_public(const ctl_server *server)
+{
+    return server->curve_public;
 }

@@ -18,6 +18,8 @@
 #include "call_int.h"
 #include "client_int.h"
 #include "dispatch_int.h"
+#include "engine_int.h"
+#include "request_int.h"
 #include "util_int.h"
 
 /* ---- client side ----------------------------------------------------- */
@@ -55,6 +57,13 @@ int ctl_stub_decode_result(const ctl_op_desc *op, ctl_reply *reply,
                               "%s at %s: bad reply: result%s%s: %s", op->name,
                               address, d.cut ? " " : "", ctl_dec_where(&d),
                               ctl_dec_what(&d));
+}
+
+/* The call flags of `op`: an op declared idempotent may be retried after a
+ * timeout or a failure after its request left (ctl_retry_policy). */
+static unsigned call_flags(const ctl_op_desc *op)
+{
+    return (op->flags & CTL_OP_IDEMPOTENT) ? CTL_CALL_IDEMPOTENT : 0;
 }
 
 /* The refusal of a NULL args struct for an op that takes args. */
@@ -100,7 +109,7 @@ int ctl_stub_call(ctl_client *client, const char *address,
         return null_args(op, address, err);
     frame_request(&req, op, false, args);
     int rc = ctl_client_call_req(client, address, op->name, &req, timeout_ms,
-                                 &got, err);
+                                 call_flags(op), &got, err);
     if (rc == CTL_TRANSFER)
         return declared(op, err);
     if (rc != 0)
@@ -127,6 +136,35 @@ static ctl_error *outcome_error(const ctl_op_desc *op, void *outcomes, size_t i)
 static ctl_reply **outcome_reply(const ctl_op_desc *op, void *outcomes, size_t i)
 {
     return (ctl_reply **)(outcome(op, outcomes, i) + op->outcome_reply);
+}
+
+/* Turn the untyped outcomes `raw` of a fan-out of `op` into its typed
+ * outcomes (errors and replies move; results decode); returns how many
+ * failed. */
+static size_t typed_outcomes(const ctl_op_desc *op, ctl_outcome *raw,
+                             const char *const *addresses, void *outcomes,
+                             size_t count)
+{
+    size_t failed = 0;
+    for (size_t i = 0; i < count; i++) {
+        ctl_error *e = outcome_error(op, outcomes, i);
+        /* Move the error: its strings now belong to the typed outcome. */
+        *e = raw[i].error;
+        ctl_error_init(&raw[i].error);
+        declared(op, e);
+        void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result
+                                  : NULL;
+        if (raw[i].reply &&
+            ctl_stub_decode_result(op, raw[i].reply, addresses[i], result, e) == 0 &&
+            op->keep_reply)
+            *outcome_reply(op, outcomes, i) = raw[i].reply;
+        else
+            ctl_reply_destroy(&raw[i].reply);
+        raw[i].reply = NULL; /* moved or freed */
+        if (e->kind != CTL_OK)
+            failed++;
+    }
+    return failed;
 }
 
 int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
@@ -166,25 +204,8 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         frame_request(&reqs[i], op, false,
                       args ? (const char *)args + i * op->args->size : NULL);
     ctl_client_call_many_req(client, op->name, addresses, reqs, count,
-                             timeout_ms, raw);
-    for (size_t i = 0; i < count; i++) {
-        ctl_error *e = outcome_error(op, outcomes, i);
-        /* Move the error: its strings now belong to the typed outcome. */
-        *e = raw[i].error;
-        ctl_error_init(&raw[i].error);
-        declared(op, e);
-        void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result
-                                  : NULL;
-        if (raw[i].reply &&
-            ctl_stub_decode_result(op, raw[i].reply, addresses[i], result, e) == 0 &&
-            op->keep_reply)
-            *outcome_reply(op, outcomes, i) = raw[i].reply;
-        else
-            ctl_reply_destroy(&raw[i].reply);
-        raw[i].reply = NULL; /* moved or freed */
-        if (e->kind != CTL_OK)
-            failed++;
-    }
+                             timeout_ms, call_flags(op), raw);
+    failed = typed_outcomes(op, raw, addresses, outcomes, count);
     ctl_outcomes_fini(raw, count);
     free(reqs);
     free(raw);
@@ -271,9 +292,155 @@ int ctl_stub_serve(void *handlers, const msgpack_object *args, ctl_req *req)
     int rc = op->invoke(handlers, a, result, req);
     if (rc != 0 || !op->result)
         return rc;
+    /* Refused before packing: a result over the unit's reply bound costs
+     * no copy (a get of many large blobs). */
+    size_t need = ctl_type_packed_size(op->result, result);
+    if (need > ctl_req_reply_room(req))
+        return ctl_req_fail(req, CTL_PROTOCOL,
+                            "op '%s': the reply would be larger than this unit's "
+                            "max_reply_bytes (%zu bytes; the result alone is %zu): ask "
+                            "for less in one call",
+                            ctl_show(shown, sizeof shown, ctl_req_op(req)),
+                            ctl_req_max_reply(req), need);
     if (ctl_type_pack(ctl_req_packer(req), op->result, result) == 0)
         return 0;
     return ctl_req_fail(req, CTL_PROTOCOL,
                         "op '%s': out of memory packing the result",
                         ctl_show(shown, sizeof shown, ctl_req_op(req)));
+}
+
+/* ---- asynchronous calls ------------------------------------------------ */
+
+/* Say why a typed call could not start: the typed _start functions have no
+ * error argument, so the client's log carries the message (at most one
+ * line a second per client and cause, with the count of those not
+ * logged). */
+static int start_failed(ctl_client *client, ctl_error *err)
+{
+    int kind = err->kind ? (int)err->kind : CTL_TRANSFER;
+    if (client)
+        ctl_client_log_limited(client, err->cause,
+                               err->msg ? err->msg : "a call could not start");
+    ctl_error_fini(err);
+    return kind;
+}
+
+static void deliver_one(ctl_call *call)
+{
+    const ctl_op_desc *op = call->ext.desc;
+    ctl_outcome *o = &call->outcomes[0];
+    const void *result = NULL;
+    declared(op, &o->error);
+    if (o->reply && op->result) {
+        void *r = ctl_reply_alloc(o->reply, op->result->size);
+        if (!r)
+            ctl_error_transfer(&o->error, CTL_CAUSE_NOMEM,
+                               "%s at %s: out of memory for the result",
+                               op->name, call->addresses[0]);
+        else if (ctl_stub_decode_result(op, o->reply, call->addresses[0], r,
+                                        &o->error) == 0)
+            result = r;
+    }
+    ((ctl_stub_thunk *)call->ext.thunk)(call->ext.done, call->user, &o->error,
+                                        result);
+}
+
+static void deliver_many(ctl_call *call)
+{
+    const ctl_op_desc *op = call->ext.desc;
+    typed_outcomes(op, call->outcomes, (const char *const *)call->addresses,
+                   call->ext.typed, call->count);
+    ((ctl_stub_many_thunk *)call->ext.thunk)(call->ext.done, call->user,
+                                             call->ext.typed, call->count);
+}
+
+static void fini_many(ctl_call *call)
+{
+    if (!call->ext.typed)
+        return;
+    ctl_stub_outcomes_fini(call->ext.desc, call->ext.typed, call->count);
+    free(call->ext.typed);
+    call->ext.typed = NULL;
+}
+
+int ctl_stub_call_start(ctl_client *client, const char *address,
+                        const ctl_op_desc *op, const void *args,
+                        int timeout_ms, ctl_stub_thunk *thunk,
+                        void (*done)(void), void *user, ctl_call **call)
+{
+    ctl_error err;
+    ctl_error_init(&err);
+    if (call)
+        *call = NULL;
+    if (!client || !address || !op || !thunk || !done || (op->args && !args)) {
+        ctl_error_set(&err, CTL_INVALID, "%s_start at %s: %s is NULL",
+                      op ? op->name : "(null op)",
+                      address ? address : "(null address)",
+                      !client ? "client" : !address ? "address" : !op ? "op"
+                      : !done ? "done" : !thunk ? "thunk" : "args");
+        return start_failed(client, &err);
+    }
+    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    ctl_call *c = ctl_call_alloc(client, op->name, &address, 1, 0, tmo);
+    if (!c) {
+        ctl_error_transfer(&err, CTL_CAUSE_NOMEM, "%s at %s: out of memory",
+                           op->name, address);
+        return start_failed(client, &err);
+    }
+    frame_request(&c->reqs[0], op, false, args);
+    c->user = user;
+    c->flags = call_flags(op);
+    c->ext.deliver = deliver_one;
+    c->ext.desc = op;
+    c->ext.done = done;
+    c->ext.thunk = (void (*)(void))thunk;
+    if (ctl_call_submit(c, call, &err) != 0)
+        return start_failed(client, &err);
+    return 0;
+}
+
+int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
+                             const char *const *addresses, const void *args,
+                             size_t count, int timeout_ms,
+                             ctl_stub_many_thunk *thunk, void (*done)(void),
+                             void *user, ctl_call **call)
+{
+    ctl_error err;
+    ctl_error_init(&err);
+    if (call)
+        *call = NULL;
+    if (!client || !op || !thunk || !done ||
+        (count && (!addresses || (op->args && !args)))) {
+        ctl_error_set(&err, CTL_INVALID, "%s_many_start: %s is NULL",
+                      op ? op->name : "(null op)",
+                      !client ? "client" : !op ? "op" : !done ? "done"
+                      : !thunk ? "thunk" : !addresses ? "addresses" : "args");
+        return start_failed(client, &err);
+    }
+    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    ctl_call *c = ctl_call_alloc(client, op->name, addresses, count, 1, tmo);
+    void *typed = calloc(count ? count : 1, op->outcome_size);
+    if (!c || !typed) {
+        free(typed);
+        ctl_call_abandon(c);
+        ctl_error_transfer(&err, CTL_CAUSE_NOMEM, "%s_many: out of memory",
+                           op->name);
+        return start_failed(client, &err);
+    }
+    for (size_t i = 0; i < count; i++) {
+        ctl_error_init(outcome_error(op, typed, i));
+        frame_request(&c->reqs[i], op, false,
+                      args ? (const char *)args + i * op->args->size : NULL);
+    }
+    c->user = user;
+    c->flags = call_flags(op);
+    c->ext.deliver = deliver_many;
+    c->ext.fini = fini_many;
+    c->ext.desc = op;
+    c->ext.typed = typed;
+    c->ext.done = done;
+    c->ext.thunk = (void (*)(void))thunk;
+    if (ctl_call_submit(c, call, &err) != 0)
+        return start_failed(client, &err);
+    return 0;
 }

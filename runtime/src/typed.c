@@ -296,6 +296,109 @@ int ctl_type_pack(msgpack_packer *pk, const ctl_type *t, const void *v)
     return -1;
 }
 
+/* ---- the packed size ------------------------------------------------- */
+
+/* msgpack's encodings as msgpack-c picks them: the smallest that holds the
+ * value. Sums saturate at SIZE_MAX (a size no bound admits). */
+static size_t sat_add(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
+static size_t uint_size(uint64_t v)
+{
+    return v < 128 ? 1 : v <= UINT8_MAX ? 2 : v <= UINT16_MAX ? 3 : v <= UINT32_MAX ? 5 : 9;
+}
+
+static size_t int_size(int64_t v)
+{
+    if (v >= 0)
+        return uint_size((uint64_t)v);
+    return v >= -32 ? 1 : v >= INT8_MIN ? 2 : v >= INT16_MIN ? 3 : v >= INT32_MIN ? 5 : 9;
+}
+
+/* A str, bin, array or map header for `n` (str: fixstr up to 31). */
+static size_t str_head(size_t n)
+{
+    return n < 32 ? 1 : n <= UINT8_MAX ? 2 : n <= UINT16_MAX ? 3 : 5;
+}
+
+static size_t bin_head(size_t n)
+{
+    return n <= UINT8_MAX ? 2 : n <= UINT16_MAX ? 3 : 5;
+}
+
+static size_t container_head(size_t n)
+{
+    return n < 16 ? 1 : n <= UINT16_MAX ? 3 : 5;
+}
+
+static size_t record_size(const ctl_type *t, const void *v)
+{
+    size_t n = 0, size = 0;
+    for (size_t i = 0; i < t->field_count; i++) {
+        const ctl_field *f = &t->fields[i];
+        if (!sent(t, f, v))
+            continue;
+        n++;
+        size = sat_add(size, sat_add(str_head(f->name_len), f->name_len));
+        size = sat_add(size, ctl_type_packed_size(f->type, at(v, f->offset)));
+    }
+    return sat_add(size, container_head(n));
+}
+
+size_t ctl_type_packed_size(const ctl_type *t, const void *v)
+{
+    switch (t->kind) {
+    case CTL_TYPE_BOOL:
+        return 1;
+    case CTL_TYPE_I32:
+        return int_size(*(const int32_t *)v);
+    case CTL_TYPE_I64:
+        return int_size(*(const int64_t *)v);
+    case CTL_TYPE_U32:
+        return uint_size(*(const uint32_t *)v);
+    case CTL_TYPE_U64:
+        return uint_size(*(const uint64_t *)v);
+    case CTL_TYPE_F64:
+        return 9;
+    case CTL_TYPE_STR: {
+        size_t n = ((const ctl_str *)v)->len;
+        return sat_add(str_head(n), n);
+    }
+    case CTL_TYPE_BIN: {
+        size_t n = ((const ctl_str *)v)->len;
+        return sat_add(bin_head(n), n);
+    }
+    case CTL_TYPE_LIST:
+    case CTL_TYPE_MAP: {
+        seq s = load_seq(v);
+        bool map = t->kind == CTL_TYPE_MAP;
+        size_t size = container_head(s.count);
+        if (s.count && !s.items)
+            return size;
+        for (size_t i = 0; i < s.count && size < SIZE_MAX; i++) {
+            const char *item = at(s.items, i * t->elem_size);
+            if (map) {
+                size_t k = ((const ctl_str *)item)->len;
+                size = sat_add(size, sat_add(str_head(k), k));
+            }
+            size = sat_add(size, ctl_type_packed_size(t->elem, map ? item + t->value_offset : item));
+        }
+        return size;
+    }
+    case CTL_TYPE_OPTIONAL:
+        if (t->by_pointer) {
+            const void *p = load_ptr(v);
+            return p ? ctl_type_packed_size(t->elem, p) : 1;
+        }
+        return *(const bool *)v ? ctl_type_packed_size(t->elem, at(v, t->value_offset)) : 1;
+    case CTL_TYPE_RECORD:
+        return record_size(t, v);
+    }
+    return SIZE_MAX;
+}
+
 /* ---- decoding -------------------------------------------------------- */
 
 /* A record or args struct at its defaults. */

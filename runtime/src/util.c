@@ -4,11 +4,13 @@
 #include "util_int.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 char *ctl_strndup(const char *s, size_t len)
 {
@@ -54,6 +56,13 @@ int64_t ctl_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t ctl_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -105,4 +114,19 @@ uint64_t ctl_load_be(const unsigned char *p, unsigned n)
     for (unsigned i = 0; i < n; i++)
         v = (v << 8) | p[i];
     return v;
+}
+
+static _Atomic uint64_t unique_counter;
+
+uint64_t ctl_unique_u64(void)
+{
+    return atomic_fetch_add_explicit(&unique_counter, 1, memory_order_relaxed) + 1;
+}
+
+char *ctl_inproc_name(char *buf, size_t size, const char *what)
+{
+    if (size)
+        snprintf(buf, size, "inproc://ctlrpc-%s-%ld-%llu", what && *what ? what : "ep",
+                 (long)getpid(), (unsigned long long)ctl_unique_u64());
+    return buf;
 }

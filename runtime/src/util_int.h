@@ -28,6 +28,11 @@ void *ctl_zone_alloc(msgpack_zone *zone, size_t size);
 /* Milliseconds on the monotonic clock. */
 int64_t ctl_now_ms(void);
 
+/* Milliseconds since the Unix epoch on the wall clock (CLOCK_REALTIME):
+ * the clock of the deadlines that request ids carry, which units on other
+ * hosts compare with theirs. */
+int64_t ctl_wall_ms(void);
+
 /* Milliseconds left until `deadline_ms` (never negative, capped to INT_MAX
  * so it fits zmq_poll's timeout). */
 int ctl_ms_left(int64_t deadline_ms);
@@ -38,6 +43,24 @@ int ctl_ms_left(int64_t deadline_ms);
 #define CTL_SHOW_MAX 64
 #define CTL_SHOW_BUF (CTL_SHOW_MAX * 4 + 8)
 const char *ctl_show(char *buf, size_t buflen, ctl_str s);
+
+/*
+ * A name for an inproc endpoint, unique within this process for its whole
+ * life: "inproc://ctlrpc-<what>-<pid>-<n>", n from a process-wide atomic
+ * counter. Every inproc endpoint the runtime binds (socket monitors) takes
+ * its name from here, never from a heap address: libzmq frees the name of
+ * a closed socket later, on its reaper thread, so a name made from an
+ * address that malloc hands out again can still be taken when the next
+ * object binds it, on a context shared by many objects. `what` is one
+ * short word ("srvmon", "poolmon"). Writes at most `size` bytes,
+ * NUL-terminated; returns `buf`. Thread-safe.
+ */
+#define CTL_INPROC_NAME_MAX 96
+char *ctl_inproc_name(char *buf, size_t size, const char *what);
+
+/* A number no earlier call in this process returned (the counter behind
+ * ctl_inproc_name); thread-safe. */
+uint64_t ctl_unique_u64(void);
 
 /* The `n`-byte big-endian unsigned integer at `p` (n <= 8). */
 uint64_t ctl_load_be(const unsigned char *p, unsigned n);

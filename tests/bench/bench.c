@@ -30,6 +30,14 @@
  *               CPU per op. Then the copies of each payload byte, counted
  *               (not estimated) by a child run of this program under the
  *               copy-counting shim (copycount.c).
+ *   async       one thread keeping 64 calls in flight to one unit
+ *               (storage_describe_start, completions run by
+ *               ctl_client_process when the client's event descriptor is
+ *               readable, each callback starting the next call) vs a bare
+ *               DEALER keeping 64 of the stub's request bytes pipelined to
+ *               the echo server: calls/s. Then the memory per call in
+ *               flight: RSS before and with 1000 calls in flight to a
+ *               ROUTER that never answers, per call (its socket included).
  *   gen         ctlrpc-gen on a 200-op IDL, then `cc -c` of its output, vs
  *               the same for idl/storage.idl (9 ops): seconds.
  *   python      the small and throughput cases against the Python storage
@@ -44,6 +52,8 @@
  * bad command line.
  */
 #define _GNU_SOURCE
+#include <malloc.h>
+#include <poll.h>
 #include "bench.h"
 
 #include <errno.h>
@@ -64,6 +74,7 @@
 #include <zmq.h>
 
 #include "store.h"
+#include "vsgrpc.h"
 
 #define CALL_TIMEOUT_MS 30000
 #define MAX_UNITS 16
@@ -82,13 +93,15 @@ enum {
     CASE_BLOBS = 1 << 3,
     CASE_GEN = 1 << 4,
     CASE_PYTHON = 1 << 5,
-    CASE_ALL = (1 << 6) - 1
+    CASE_ASYNC = 1 << 6,
+    CASE_ALL = (1 << 7) - 1
 };
 
 static const bench_case_name case_names[] = {
     {"small", CASE_SMALL},   {"throughput", CASE_THROUGHPUT},
     {"fanout", CASE_FANOUT}, {"blobs", CASE_BLOBS},
     {"gen", CASE_GEN},       {"python", CASE_PYTHON},
+    {"async", CASE_ASYNC},
     {"all", CASE_ALL},
 };
 
@@ -469,11 +482,27 @@ static int get_blob(ctl_client *client, const char *address, const char *key,
 }
 
 /*
- * The bytes a stub sends for one call: the stub calls a ROUTER that never
- * answers (so the call times out at once) and the request is read off it.
- * The echo baselines send exactly these bytes, envelope and all (only the
- * 12-character request id differs from call to call).
+ * The bytes a stub sends for one call: the stub starts a call to a ROUTER
+ * that never answers, the request is read off it, and the call is
+ * cancelled. The echo baselines send exactly these bytes, envelope and all
+ * (only the request id differs from call to call). The call is given an
+ * hour: a request id carries its call's deadline, and the async case sends
+ * these bytes to a unit, which skips a request whose deadline has passed.
  */
+#define CAPTURE_DEADLINE_MS (3600 * 1000)
+
+/* The captured calls end cancelled; nothing waits for their outcome. */
+static void capture_describe_done(void *user, const ctl_error *err,
+                                  const storage_list_BlobInfo *result)
+{
+    (void)user, (void)err, (void)result;
+}
+
+static void capture_stats_done(void *user, const ctl_error *err, const storage_UnitStats *result)
+{
+    (void)user, (void)err, (void)result;
+}
+
 static int capture_request(void *ectx, int stats, unsigned char **out,
                            size_t *len)
 {
@@ -481,6 +510,7 @@ static int capture_request(void *ectx, int stats, unsigned char **out,
     size_t eplen = sizeof ep;
     int zero = 0, rc = -1;
     ctl_client *c = NULL;
+    ctl_call *call = NULL;
     ctl_client_options o;
     ctl_error err;
     *out = NULL;
@@ -500,40 +530,38 @@ static int capture_request(void *ectx, int stats, unsigned char **out,
     }
     stub_call s;
     stub_call_init(&s, c, ep);
-    /* The call gives up after `tmo` ms (the tap never answers); on a busy
-     * machine the connection may take longer than that, so try again with
-     * more patience before calling it a failure. */
-    for (int tmo = 200; rc != 0 && tmo <= 5000; tmo *= 5) {
-        if (stats) {
-            storage_UnitStats res;
-            ctl_reply *reply = NULL;
-            storage_stats(c, ep, tmo, &res, &reply, &err);
-            ctl_reply_destroy(&reply);
-        } else {
-            storage_list_BlobInfo res;
-            ctl_reply *reply = NULL;
-            storage_describe(c, ep, &s.describe, tmo, &res, &reply, &err);
-            ctl_reply_destroy(&reply);
-        }
-        zmq_pollitem_t it = {tap, 0, ZMQ_POLLIN, 0};
-        zmq_msg_t id, payload;
-        zmq_msg_init(&id);
-        zmq_msg_init(&payload);
-        if (zmq_poll(&it, 1, tmo) == 1 && zmq_msg_recv(&id, tap, 0) >= 0 &&
-            zmq_msg_more(&id) && zmq_msg_recv(&payload, tap, 0) >= 0) {
-            *len = zmq_msg_size(&payload);
-            *out = malloc(*len);
-            if (*out) {
-                memcpy(*out, zmq_msg_data(&payload), *len);
-                rc = 0;
-            }
-        }
-        zmq_msg_close(&id);
-        zmq_msg_close(&payload);
+    int started = stats ? storage_stats_start(c, ep, CAPTURE_DEADLINE_MS, capture_stats_done,
+                                              NULL, &call)
+                        : storage_describe_start(c, ep, &s.describe, CAPTURE_DEADLINE_MS,
+                                                 capture_describe_done, NULL, &call);
+    if (started != 0) {
+        bench_fail("capture: the stub's call did not start");
+        goto out;
     }
+    /* A busy machine may take a while to connect. */
+    zmq_pollitem_t it = {tap, 0, ZMQ_POLLIN, 0};
+    zmq_msg_t id, payload;
+    zmq_msg_init(&id);
+    zmq_msg_init(&payload);
+    if (zmq_poll(&it, 1, 10000) == 1 && zmq_msg_recv(&id, tap, 0) >= 0 &&
+        zmq_msg_more(&id) && zmq_msg_recv(&payload, tap, 0) >= 0) {
+        *len = zmq_msg_size(&payload);
+        *out = malloc(*len);
+        if (*out) {
+            memcpy(*out, zmq_msg_data(&payload), *len);
+            rc = 0;
+        }
+    }
+    zmq_msg_close(&id);
+    zmq_msg_close(&payload);
     if (rc != 0)
-        bench_fail("capture: the stub's request did not arrive");
+        bench_fail("capture: the stub's request did not arrive within 10 s");
 out:
+    if (call) {
+        ctl_call_cancel(call);
+        ctl_call_wait(call, 5000);
+        ctl_call_release(call);
+    }
     ctl_client_destroy(&c);
     ctl_error_fini(&err);
     if (tap)
@@ -902,6 +930,308 @@ static int call_fan_echo(void *arg)
         }
     }
     return 0;
+}
+
+/* ---- case: asynchronous calls in flight -------------------------------- */
+
+#define ASYNC_WINDOW 64
+
+typedef struct async_run {
+    ctl_client *client;
+    const char *address;
+    uint64_t done;
+    int failed;
+    int stopping;
+    int in_flight;
+} async_run;
+
+static storage_describe_done async_on_done;
+
+static int async_start(async_run *a)
+{
+    storage_describe_args args = STORAGE_DESCRIBE_ARGS_INIT;
+    args.keys = (storage_list_str){small_keys, 1};
+    if (storage_describe_start(a->client, a->address, &args, CALL_TIMEOUT_MS, async_on_done, a,
+                               NULL) != 0)
+        return -1;
+    a->in_flight++;
+    return 0;
+}
+
+static void async_on_done(void *user, const ctl_error *err, const storage_list_BlobInfo *r)
+{
+    async_run *a = user;
+    a->in_flight--;
+    if (!r) {
+        if (a->failed++ == 0)
+            bench_fail("describe_start: %s", err->msg);
+        return;
+    }
+    a->done++;
+    if (!a->stopping && async_start(a) != 0 && a->failed++ == 0)
+        bench_fail("describe_start: could not start");
+}
+
+/* `seconds` of 64 calls in flight from this thread; calls/s. */
+static double async_ours(ctl_client *client, const char *address, double seconds)
+{
+    async_run a = {client, address, 0, 0, 0, 0};
+    struct pollfd pfd = {ctl_client_event_fd(client), POLLIN, 0};
+    for (int i = 0; i < ASYNC_WINDOW; i++)
+        if (async_start(&a) != 0)
+            return -1;
+    double t0 = now_s(), t1 = t0;
+    uint64_t done0 = 0;
+    while (!a.failed) {
+        if (poll(&pfd, 1, 1000) > 0)
+            ctl_client_process(client, 0);
+        t1 = now_s();
+        if (t1 - t0 >= seconds)
+            break;
+    }
+    done0 = a.done;
+    a.stopping = 1;
+    double until = now_s() + 30;
+    while (a.in_flight > 0 && now_s() < until)
+        if (poll(&pfd, 1, 100) > 0)
+            ctl_client_process(client, 0);
+    return a.failed ? -1 : (double)done0 / (t1 - t0);
+}
+
+/* 64 bare DEALERs, one request in flight on each (what the wire protocol
+ * allows a client), polled from this thread; the same request bytes. */
+static double async_bare_sockets(void **socks, const void *req, size_t len, double seconds)
+{
+    zmq_pollitem_t items[ASYNC_WINDOW];
+    for (int i = 0; i < ASYNC_WINDOW; i++) {
+        if (zmq_send(socks[i], req, len, 0) < 0)
+            return -1;
+        items[i] = (zmq_pollitem_t){socks[i], 0, ZMQ_POLLIN, 0};
+    }
+    uint64_t done = 0;
+    double t0 = now_s(), t1 = t0;
+    int stop = 0, left = ASYNC_WINDOW;
+    while (left > 0) {
+        if (zmq_poll(items, ASYNC_WINDOW, CALL_TIMEOUT_MS) <= 0)
+            return -1;
+        for (int i = 0; i < ASYNC_WINDOW; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN))
+                continue;
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            int got = zmq_msg_recv(&m, socks[i], ZMQ_DONTWAIT);
+            zmq_msg_close(&m);
+            if (got < 0)
+                continue;
+            if (stop) {
+                items[i].events = 0;
+                left--;
+                continue;
+            }
+            done++;
+            if (zmq_send(socks[i], req, len, 0) < 0)
+                return -1;
+        }
+        t1 = now_s();
+        if (!stop && t1 - t0 >= seconds)
+            stop = 1;
+    }
+    return (double)done / (t1 - t0);
+}
+
+/* A bare DEALER keeping 64 requests pipelined to the echo server. */
+static double async_bare(void *sock, const void *req, size_t len, double seconds)
+{
+    for (int i = 0; i < ASYNC_WINDOW; i++)
+        if (zmq_send(sock, req, len, 0) < 0)
+            return -1;
+    uint64_t done = 0;
+    double t0 = now_s(), t1 = t0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        int got = zmq_msg_recv(&m, sock, 0);
+        zmq_msg_close(&m);
+        if (got < 0)
+            return -1;
+        done++;
+        if ((done & 63) == 0) {
+            t1 = now_s();
+            if (t1 - t0 >= seconds)
+                break;
+        }
+        if (zmq_send(sock, req, len, 0) < 0)
+            return -1;
+    }
+    double rate = (double)done / (t1 - t0);
+    for (int i = 0; i < ASYNC_WINDOW - 1; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, sock, 0);
+        zmq_msg_close(&m);
+    }
+    return rate;
+}
+
+static void async_count(void *user, const ctl_error *err, ctl_reply *reply)
+{
+    (void)err;
+    (void)reply;
+    (*(int *)user)++;
+}
+
+static size_t self_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%lu %lu", &size, &res) != 2)
+        res = 0;
+    fclose(f);
+    return (size_t)res * ((size_t)sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* RSS per call in flight: 1000 calls to a ROUTER that never answers. */
+static double async_bytes_per_call(void *ctx)
+{
+    enum { N = 1000 };
+    void *silent = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[128];
+    size_t len = sizeof ep;
+    int zero = 0, done = 0;
+    ctl_client *c = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    double per = -1;
+    if (!silent || zmq_setsockopt(silent, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_bind(silent, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(silent, ZMQ_LAST_ENDPOINT, ep, &len) != 0 ||
+        ctl_client_new(NULL, &c, &err) != 0)
+        goto out;
+    /* One call first, so the client's one-off allocations are not booked. */
+    ctl_call *first = NULL;
+    if (ctl_client_call_start(c, ep, "stats", NULL, 0, 60000, async_count, &done, &first,
+                              &err) != 0)
+        goto out;
+    ctl_call_wait(first, 100);
+    malloc_trim(0);
+    size_t rss0 = self_rss_kib();
+    for (int i = 0; i < N; i++)
+        if (ctl_client_call_start(c, ep, "stats", NULL, 0, 60000, async_count, &done, NULL,
+                                  &err) != 0)
+            goto out;
+    /* Wait until every request has left (the silent ROUTER has them). */
+    int seen = 0;
+    double until = now_s() + 30;
+    while (seen < N && now_s() < until) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        int more = 0;
+        if (zmq_msg_recv(&m, silent, ZMQ_DONTWAIT) >= 0)
+            more = zmq_msg_more(&m), seen += !more;
+        else
+            usleep(1000);
+        zmq_msg_close(&m);
+    }
+    size_t rss1 = self_rss_kib();
+    per = ((double)rss1 - (double)rss0) * 1024.0 / N;
+    ctl_call_cancel(first);
+    ctl_call_release(first);
+out:
+    ctl_client_destroy(&c);
+    if (silent)
+        zmq_close(silent);
+    ctl_error_fini(&err);
+    return per;
+}
+
+static int case_async(void)
+{
+    bench_unit *unit = NULL;
+    bench_echo *echo = NULL;
+    ctl_client *client = NULL;
+    small_setup ss;
+    ctl_error err;
+    char why[256];
+    int rc = -1, R = cfg.rounds;
+    double ours[BENCH_MAX_ROUNDS], base[BENCH_MAX_ROUNDS], unit_base[BENCH_MAX_ROUNDS],
+        piped[BENCH_MAX_ROUNDS];
+    void *sock = NULL, *socks[ASYNC_WINDOW] = {0}, *usocks[ASYNC_WINDOW] = {0};
+    ctl_error_init(&err);
+    if (small_setup_init(&ss) != 0)
+        goto out;
+    if (bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0 ||
+        bench_echo_start(&echo, why, sizeof why) != 0) {
+        bench_fail("%s", why);
+        goto out;
+    }
+    if (ctl_client_new(NULL, &client, &err) != 0) {
+        bench_fail("client: %s", err.msg);
+        goto out;
+    }
+    if (put_blob(client, bench_unit_endpoint(unit), SMALL_KEY, "0123456789", 10) != 0)
+        goto out;
+    sock = echo_dial(ss.ectx, bench_echo_endpoint(echo));
+    for (int i = 0; i < ASYNC_WINDOW; i++) {
+        socks[i] = echo_dial(ss.ectx, bench_echo_endpoint(echo));
+        usocks[i] = echo_dial(ss.ectx, bench_unit_endpoint(unit));
+        if (!socks[i] || !usocks[i])
+            sock = NULL;
+    }
+    if (!sock) {
+        bench_fail("echo: cannot connect");
+        goto out;
+    }
+    double secs = cfg.quick ? 0.3 : cfg.seconds;
+    /* Warm both. */
+    if (async_ours(client, bench_unit_endpoint(unit), 0.1) < 0 ||
+        async_bare(sock, ss.describe_req, ss.describe_len, 0.1) < 0)
+        goto out;
+    for (int r = 0; r < R; r++) {
+        for (int k = 0; k < 4; k++) {
+            int side = (r + k) % 4;
+            double v = side == 0 ? async_ours(client, bench_unit_endpoint(unit), secs)
+                       : side == 1 ? async_bare_sockets(socks, ss.describe_req,
+                                                        ss.describe_len, secs)
+                       : side == 2 ? async_bare_sockets(usocks, ss.describe_req,
+                                                        ss.describe_len, secs)
+                                   : async_bare(sock, ss.describe_req, ss.describe_len, secs);
+            if (v < 0) {
+                bench_fail("async: a round failed");
+                goto out;
+            }
+            (side == 0 ? ours : side == 1 ? base : side == 2 ? unit_base : piped)[r] = v;
+        }
+        bench_progress("async: round %d/%d: %.0f calls/s vs %.0f (64 DEALERs, echo), %.0f "
+                       "(64 DEALERs, the same unit), %.0f (one pipelined DEALER, echo)",
+                       r + 1, R, ours[r], base[r], unit_base[r], piped[r]);
+    }
+    group("64 calls in flight from one thread (baseline: 64 bare DEALERs, one request each, "
+          "polled from one thread)");
+    add_row("describe_start x64 vs echo", "calls/s", 0, ours, base, R, T_GE, 0.90);
+    add_row("describe_start x64 vs same unit", "calls/s", 0, ours, unit_base, R, T_GE, 0.90);
+    add_row("vs 1 DEALER pipelining 64 (echo)", "calls/s", 0, ours, piped, R, T_NONE, 0);
+    double per = async_bytes_per_call(ss.ectx);
+    if (per >= 0)
+        note("async: %.0f bytes of RSS per call in flight (1000 calls to a ROUTER that never "
+             "answers; each holds its own socket and connection)", per);
+    rc = 0;
+out:
+    if (sock)
+        zmq_close(sock);
+    for (int i = 0; i < ASYNC_WINDOW; i++) {
+        if (socks[i])
+            zmq_close(socks[i]);
+        if (usocks[i])
+            zmq_close(usocks[i]);
+    }
+    ctl_client_destroy(&client);
+    bench_unit_stop(&unit);
+    bench_echo_stop(&echo);
+    small_setup_fini(&ss);
+    ctl_error_fini(&err);
+    return rc;
 }
 
 static int case_fanout(void)
@@ -1608,6 +1938,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ctl-bench [--quick] [--case NAMES] [--rounds N] [--seconds S]\n"
+            "       ctl-bench --vs-grpc [--quick] [--rounds N] [--seconds S]\n"
+            "                 [--grpc-dir DIR] [--grpc-channels shared|per-thread]\n"
+            "                 [--unit PATH]\n"
             "\n"
             "Measure ctlrpc against the bare ZeroMQ transport, each case side by side\n"
             "with its baseline in this one run, and print a table of the medians over\n"
@@ -1615,12 +1948,25 @@ static void usage(FILE *f)
             "\n"
             "  --quick         a short run (a few seconds a case; a smoke test)\n"
             "  --case NAMES    comma-separated, any of: small, throughput, fanout,\n"
-            "                  blobs, gen, python, all (default all; may repeat)\n"
+            "                  blobs, async, gen, python, all (default all; may\n"
+            "                  repeat)\n"
             "  --rounds N      rounds per case, alternating case and baseline\n"
             "                  (default 5, --quick 2)\n"
             "  --seconds S     length of one throughput trial (default 2, --quick 0.2)\n"
             "  --blob-sizes L  the blobs case's sizes, comma-separated and ascending\n"
             "                  (default 64K,1M,8M; up to 8, from 1K to 1G)\n"
+            "  --vs-grpc       instead of the cases: ctlrpc (ctl-storage-unit) beside\n"
+            "                  gRPC C++'s synchronous and callback servers, describe,\n"
+            "                  stats and put of 64 bytes at 1/4/16 client threads (one\n"
+            "                  blocking call in flight each), with raw TCP and ZeroMQ\n"
+            "                  echoes as the floor: p50/p99, calls/s, server CPU per\n"
+            "                  call, RSS, disk, ratios gRPC/ctlrpc (default 5 rounds of\n"
+            "                  1 s trials; --quick: 1 round, 20 calls a thread)\n"
+            "  --grpc-dir DIR  where ctl-bench-grpc-server and ctl-bench-grpc-load are\n"
+            "                  (default: beside ctl-bench; built where gRPC C++ is)\n"
+            "  --grpc-channels shared (default: one channel for every client thread)\n"
+            "                  or per-thread (a channel, and connection, each)\n"
+            "  --unit PATH     the ctl-storage-unit to run (default: this build's)\n"
             "  --help          this text\n"
             "\n"
             "Cases:\n"
@@ -1633,12 +1979,16 @@ static void usage(FILE *f)
             "              of that size,\n"
             "              MB/s, and payload copies counted per side (not in\n"
             "              sanitizer builds)\n"
+            "  async       64 calls in flight from one thread (storage_describe_start)\n"
+            "              vs 64 bare DEALERs and one pipelining DEALER: calls/s;\n"
+            "              then RSS per call in flight\n"
             "  gen         ctlrpc-gen + cc -c of a 200-op IDL vs idl/storage.idl\n"
             "  python      small and throughput against tests/interop/pyunit.py\n"
             "              (only the ones also named, when small or throughput is)\n"
             "\n"
             "Every server runs on 127.0.0.1. (--copy-count-child is internal: the\n"
-            "child run that the blobs case starts under the copy-counting shim.)\n");
+            "child run that the blobs case starts under the copy-counting shim;\n"
+            "--vs-grpc-echo-child is too: the floor's echo servers of --vs-grpc.)\n");
 }
 
 /* --blob-sizes: comma-separated sizes ("64K,1M,64M"), ascending, each from
@@ -1722,9 +2072,15 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {"blob-sizes", required_argument, NULL, 'B'},
         {"copy-count-child", no_argument, NULL, 'C'},
+        {"vs-grpc", no_argument, NULL, 'G'},
+        {"grpc-dir", required_argument, NULL, 'D'},
+        {"grpc-channels", required_argument, NULL, 'H'},
+        {"unit", required_argument, NULL, 'U'},
+        {"vs-grpc-echo-child", no_argument, NULL, 'E'},
         {NULL, 0, NULL, 0},
     };
-    int c, rounds = 0;
+    vs_grpc_options vs = {0};
+    int c, rounds = 0, vs_grpc = 0, vs_only = 0;
     double seconds = 0;
     unsigned cases = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -1758,6 +2114,28 @@ int main(int argc, char **argv)
             break;
         case 'C':
             return copy_count_child();
+        case 'G':
+            vs_grpc = 1;
+            break;
+        case 'E':
+            return vs_grpc_echo_child();
+        case 'D':
+            vs.grpc_dir = optarg;
+            vs_only = 1;
+            break;
+        case 'U':
+            vs.unit = optarg;
+            vs_only = 1;
+            break;
+        case 'H':
+            if (strcmp(optarg, "shared") != 0 && strcmp(optarg, "per-thread") != 0) {
+                fprintf(stderr, "ctl-bench: --grpc-channels wants shared or per-thread, "
+                        "not '%s'\n", optarg);
+                return 2;
+            }
+            vs.per_thread_channels = strcmp(optarg, "per-thread") == 0;
+            vs_only = 1;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -1770,6 +2148,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "ctl-bench: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         return 2;
+    }
+    if (vs_only && !vs_grpc) {
+        fprintf(stderr, "ctl-bench: --grpc-dir, --grpc-channels and --unit go with --vs-grpc\n");
+        usage(stderr);
+        return 2;
+    }
+    if (vs_grpc) {
+        if (cases || cfg.blob_sizes_arg[0]) {
+            fprintf(stderr, "ctl-bench: --vs-grpc runs on its own (no --case, no "
+                    "--blob-sizes)\n");
+            usage(stderr);
+            return 2;
+        }
+        vs.quick = cfg.quick;
+        vs.rounds = rounds;
+        vs.seconds = seconds;
+        return vs_grpc_main(&vs, argc, argv);
     }
     cfg.cases = cases ? cases : CASE_ALL;
     cfg.rounds = rounds ? rounds : cfg.quick ? 2 : 5;
@@ -1798,6 +2193,8 @@ int main(int argc, char **argv)
         case_fanout();
     if (cfg.cases & CASE_BLOBS)
         case_blobs();
+    if (cfg.cases & CASE_ASYNC)
+        case_async();
     if (cfg.cases & CASE_GEN)
         case_gen();
     if (cfg.cases & CASE_PYTHON)

@@ -13,7 +13,12 @@ the same run, in alternating rounds so that drift of the machine hits both sides
   12-hex-digit id, `{"keys": ["k"]}`), waits for the reply, unpacks it, checks its id and ok
   flag and takes the result map. p50 and p99 of each, and the ratio of the medians;
 - throughput: calls/s with 4 threads sharing one generated Client against 4 threads each with
-  its own minimal loop (and socket).
+  its own minimal loop (and socket);
+- async throughput: calls/s with 64 calls in flight from one asyncio loop: 64 tasks calling
+  through the generated AsyncClient (storage_ctl.AsyncClient on ctlrpc.aio.Client) against a
+  bare zmq.asyncio loop keeping 64 requests in flight on one DEALER (send one for every reply,
+  ids checked), and, for the shape a hand-written asyncio client takes, 64 tasks each awaiting
+  its reply on one shared zmq.asyncio DEALER (a reader task hands replies out by id).
 
 Prints a table and exits 0 (no thresholds: docs/PERFORMANCE.md records the figures). Needs pyzmq,
 msgpack and runtime/python on PYTHONPATH.
@@ -22,6 +27,7 @@ msgpack and runtime/python on PYTHONPATH.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import os
 import platform
@@ -34,6 +40,7 @@ from typing import Any, Callable, List, Tuple
 
 import msgpack
 import zmq
+import zmq.asyncio
 
 KEY = "k"
 DATA = b"0123456789abcdef"
@@ -69,7 +76,7 @@ class MinimalLoop:
         self.args = {"keys": [KEY]}
 
     def describe(self) -> Any:
-        rid = format(next(self.ids) & 0xFFFFFFFFFFFF, "012x")
+        rid = _rid(next(self.ids))
         self.sock.send(msgpack.packb(["describe", rid, self.args], use_bin_type=True))
         if not self.sock.poll(10000):
             raise RuntimeError("no reply")
@@ -122,6 +129,121 @@ def throughput(make: Callable[[], Callable[[], Any]], threads: int, seconds: flo
     for t in ts:
         t.join()
     return sum(counts) / (time.perf_counter() - t0)
+
+
+IN_FLIGHT = 64
+
+
+def _rid(n: int) -> str:
+    """A request id as the clients make them: 12 hex digits, '@', the call's deadline (10 s from
+    now, the loops' wait) on the wall clock in ms (docs/PROTOCOL.md, "Deadlines")."""
+    return "%012x@%013d" % (n & 0xFFFFFFFFFFFF, int(time.time() * 1000) + 10000)
+
+
+def _request(rid: str) -> bytes:
+    return msgpack.packb(["describe", rid, {"keys": [KEY]}], use_bin_type=True)
+
+
+async def async_generated(module: Any, address: str, seconds: float) -> float:
+    """Calls/s of IN_FLIGHT tasks calling describe through one generated AsyncClient."""
+    async with module.AsyncClient(timeout=10.0) as client:
+        await asyncio.gather(*[client.describe(address, keys=[KEY]) for _ in range(IN_FLIGHT)])
+        count = [0]
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                await client.describe(address, keys=[KEY])
+                count[0] += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(IN_FLIGHT)])
+        return count[0] / (time.perf_counter() - t0)
+
+
+async def async_bare_pipelined(actx: zmq.asyncio.Context, address: str, seconds: float,
+                               start: int) -> float:
+    """Calls/s of a bare zmq.asyncio loop keeping IN_FLIGHT requests in flight on one DEALER."""
+    sock = actx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    ids = itertools.count(start)
+    pending = set()
+
+    def next_request() -> bytes:
+        rid = _rid(next(ids))
+        pending.add(rid)
+        return _request(rid)
+    try:
+        for _ in range(IN_FLIGHT):
+            await sock.send(next_request())
+        for _ in range(IN_FLIGHT):  # warm: a round trip each
+            reply = msgpack.unpackb(await sock.recv(), raw=False)
+            pending.remove(reply[0])
+            await sock.send(next_request())
+        n = 0
+        t0 = time.perf_counter()
+        stop = t0 + seconds
+        while time.perf_counter() < stop:
+            reply = msgpack.unpackb(await sock.recv(), raw=False)
+            pending.remove(reply[0])  # KeyError: a reply nobody asked for
+            if reply[1] is not True:
+                raise RuntimeError(f"bad reply {reply!r}")
+            n += 1
+            await sock.send(next_request())
+        took = time.perf_counter() - t0
+        while pending:  # collect what is still in flight before closing
+            if not await sock.poll(10000):
+                raise RuntimeError("no reply")
+            pending.remove(msgpack.unpackb(await sock.recv(), raw=False)[0])
+        return n / took
+    finally:
+        sock.close()
+
+
+async def async_bare_tasks(actx: zmq.asyncio.Context, address: str, seconds: float,
+                           start: int) -> float:
+    """Calls/s of IN_FLIGHT tasks each awaiting its reply on one shared zmq.asyncio DEALER."""
+    loop = asyncio.get_running_loop()
+    sock = actx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    ids = itertools.count(start)
+    waiting: dict = {}
+
+    async def reader() -> None:
+        while True:
+            reply = msgpack.unpackb(await sock.recv(), raw=False)
+            waiting.pop(reply[0]).set_result(reply)
+
+    async def call() -> Any:
+        rid = _rid(next(ids))
+        fut = waiting[rid] = loop.create_future()
+        await sock.send(_request(rid))
+        reply = await asyncio.wait_for(fut, 10.0)
+        if reply[1] is not True:
+            raise RuntimeError(f"bad reply {reply!r}")
+        return reply[2]
+
+    task = asyncio.create_task(reader())
+    try:
+        await asyncio.gather(*[call() for _ in range(IN_FLIGHT)])
+        count = [0]
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                await call()
+                count[0] += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(IN_FLIGHT)])
+        return count[0] / (time.perf_counter() - t0)
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        sock.close()
 
 
 def main() -> int:
@@ -195,6 +317,27 @@ def main() -> int:
         shared.close()
         client.close()
         loop.close()
+
+        actx = zmq.asyncio.Context()
+        gen_async: List[float] = []
+        bare_async: List[float] = []
+        tasks_async: List[float] = []
+        cpu_us: List[List[float]] = [[], [], []]
+        async_rounds = 2 if opts.quick else 6
+        for r in range(async_rounds):
+            sides = [lambda: async_generated(storage_ctl, address, opts.seconds),
+                     lambda: async_bare_pipelined(actx, address, opts.seconds, (r + 8) << 40),
+                     lambda: async_bare_tasks(actx, address, opts.seconds, (r + 16) << 40)]
+            outs = [gen_async, bare_async, tasks_async]
+            order = [0, 1, 2] if r % 2 else [2, 1, 0]
+            for i in order:
+                c0, t0 = time.thread_time(), time.perf_counter()
+                rate = asyncio.run(sides[i]())
+                # The loop thread's CPU a call (the run's warm-up and set-up included).
+                cpu_us[i].append((time.thread_time() - c0) * 1e6
+                                 / (rate * (time.perf_counter() - t0)))
+                outs[i].append(rate)
+        actx.term()
     finally:
         proc.terminate()
         proc.wait(20)
@@ -219,6 +362,21 @@ def main() -> int:
     print(f"  {'generated client, one shared':34} {gtp:9.0f} calls/s")
     print(f"  {'minimal loops, one per thread':34} {mtp:9.0f} calls/s")
     print(f"  {'ratio':34} {gtp / mtp:8.2f}x")
+
+    def median(xs: List[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+    ga, ba, ta = median(gen_async), median(bare_async), median(tasks_async)
+    print(f"async throughput, {IN_FLIGHT} calls in flight from one asyncio loop, median of "
+          f"{len(gen_async)} alternating rounds of {opts.seconds:g} s each side:")
+    gc_, bc, tc = (median(c) for c in cpu_us)
+    print(f"  {'':34} {'calls/s':>9} {'loop CPU us/call':>17}")
+    print(f"  {'generated AsyncClient, 64 tasks':34} {ga:9.0f} {gc_:17.1f}")
+    print(f"  {'bare zmq.asyncio loop, one DEALER':34} {ba:9.0f} {bc:17.1f}")
+    print(f"  {'bare zmq.asyncio, 64 tasks':34} {ta:9.0f} {tc:17.1f}")
+    print(f"  {'ratio to the bare loop':34} {ga / ba:8.2f}x")
+    print(f"  {'ratio to the bare 64 tasks':34} {ga / ta:8.2f}x")
+    print(f"  {'ratio per round (to the loop)':34} "
+          + " ".join(f"{g / b:.2f}x" for g, b in zip(gen_async, bare_async)))
     return 0
 
 

@@ -11,13 +11,15 @@
  * same run.
  *
  * Cases (--case):
- *   fanout   storage_stats_many over 16, 64, 256, 1024 units vs the bare
- *            ZeroMQ fan-out (a DEALER per address: send all, then collect
- *            all) to as many echo ROUTERs. Units and echo sockets live in
- *            child processes, 64 to a process (the units of a process share
- *            one ZeroMQ context, each has its own serving thread; the echo
- *            sockets of a process are served by one thread polling them
- *            all), so this process is the client alone: batch p50/p99 and
+ *   fanout   storage_stats_many (blocking) and storage_stats_many_start
+ *            (asynchronous, waited for) over 16, 64, 256, 1024 servers vs
+ *            the bare ZeroMQ fan-out (a DEALER per address: send all, then
+ *            collect all) to the SAME servers: ROUTERs that answer every
+ *            request with a fixed, well-formed stats reply carrying the
+ *            request's id, 64 to a child process served by one thread
+ *            polling them all. Both sides meet identical servers, so the
+ *            figures say what the client costs, and this process is the
+ *            client alone: batch p50/p99 and
  *            per target, the client's CPU per target (getrusage of this
  *            process), and its memory and open files per address (VmRSS
  *            and /proc/self/fd, before and after the first batch, a fresh
@@ -401,16 +403,78 @@ static void echo_ready(void *router)
     }
 }
 
-/* --host echo N: N bare ROUTERs in one context, one thread polling them
- * all (and stdin, whose end stops it). */
-static int host_echo(size_t n)
+/* The fixed reply's result: a UnitStats map (blobs, bytes, capacity,
+ * pinned, spilled, requests, dropped; all 1). */
+static const unsigned char fixed_result[] = {
+    0x87, 0xa5, 'b', 'l', 'o', 'b', 's', 0x01, 0xa5, 'b', 'y', 't', 'e', 's', 0x01,
+    0xa8, 'c', 'a', 'p', 'a', 'c', 'i', 't', 'y', 0x01, 0xa6, 'p', 'i', 'n', 'n', 'e', 'd', 0x01,
+    0xa7, 's', 'p', 'i', 'l', 'l', 'e', 'd', 0x01, 0xa8, 'r', 'e', 'q', 'u', 'e', 's', 't', 's',
+    0x01, 0xa7, 'd', 'r', 'o', 'p', 'p', 'e', 'd', 0x01};
+
+/* A msgpack str at p (fixstr or str8) within n bytes: its length and the
+ * bytes used by its head, or -1. */
+static int str_at(const unsigned char *p, size_t n, size_t *len, size_t *head)
+{
+    if (n >= 1 && (p[0] & 0xe0) == 0xa0) {
+        *len = p[0] & 0x1f;
+        *head = 1;
+    } else if (n >= 2 && p[0] == 0xd9) {
+        *len = p[1];
+        *head = 2;
+    } else {
+        return -1;
+    }
+    return *head + *len <= n ? 0 : -1;
+}
+
+/* Answer every waiting message of one ROUTER with [id, true, fixed]. */
+static void fixed_ready(void *router)
+{
+    for (;;) {
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&id, router, ZMQ_DONTWAIT) < 0 || !zmq_msg_more(&id) ||
+            zmq_msg_recv(&body, router, 0) < 0) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&body);
+            return;
+        }
+        const unsigned char *p = zmq_msg_data(&body);
+        size_t n = zmq_msg_size(&body), olen, ohead, ilen, ihead;
+        unsigned char out[512];
+        if (n > 1 && p[0] == 0x93 && str_at(p + 1, n - 1, &olen, &ohead) == 0 &&
+            str_at(p + 1 + ohead + olen, n - 1 - ohead - olen, &ilen, &ihead) == 0 &&
+            1 + ihead + ilen + 1 + sizeof fixed_result <= sizeof out) {
+            size_t k = 0;
+            out[k++] = 0x93;
+            memcpy(out + k, p + 1 + ohead + olen, ihead + ilen);
+            k += ihead + ilen;
+            out[k++] = 0xc3;
+            memcpy(out + k, fixed_result, sizeof fixed_result);
+            k += sizeof fixed_result;
+            if (zmq_msg_send(&id, router, ZMQ_SNDMORE) >= 0)
+                zmq_send(router, out, k, 0);
+            else
+                zmq_msg_close(&id);
+        } else {
+            zmq_msg_close(&id);
+        }
+        zmq_msg_close(&body);
+    }
+}
+
+/* --host echo N / --host fixed N: N bare ROUTERs in one context, one
+ * thread polling them all (and stdin, whose end stops it); `ready` serves
+ * the messages waiting on one of them. */
+static int host_routers(size_t n, void (*ready)(void *router))
 {
     void *ctx = scale_ctx(n + 64);
     void **routers = calloc(n, sizeof *routers);
     zmq_pollitem_t *items = calloc(n + 1, sizeof *items);
     int rc = 1, zero = 0;
     if (!ctx || !routers || !items) {
-        fprintf(stderr, "ctl-scale: echo host: out of memory or no context\n");
+        fprintf(stderr, "ctl-scale: router host: out of memory or no context\n");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -420,7 +484,7 @@ static int host_echo(size_t n)
         if (!routers[i] || zmq_setsockopt(routers[i], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
             zmq_bind(routers[i], "tcp://127.0.0.1:*") != 0 ||
             zmq_getsockopt(routers[i], ZMQ_LAST_ENDPOINT, ep, &len) != 0) {
-            fprintf(stderr, "ctl-scale: echo host: socket %zu of %zu: %s\n", i + 1, n,
+            fprintf(stderr, "ctl-scale: router host: socket %zu of %zu: %s\n", i + 1, n,
                     zmq_strerror(zmq_errno()));
             goto out;
         }
@@ -444,7 +508,7 @@ static int host_echo(size_t n)
         }
         for (size_t i = 0; i < n; i++)
             if (items[i].revents & ZMQ_POLLIN)
-                echo_ready(routers[i]);
+                ready(routers[i]);
     }
     rc = 0;
 out:
@@ -766,7 +830,18 @@ typedef struct fan_ours {
     const char **addresses;
     storage_stats_outcome *outcomes;
     size_t n;
+    int async; /* storage_stats_many_start and wait, not storage_stats_many */
+    int async_failed;
 } fan_ours;
+
+static void fan_async_done(void *user, storage_stats_outcome *outcomes, size_t count)
+{
+    fan_ours *f = user;
+    f->async_failed = 0;
+    for (size_t i = 0; i < count; i++)
+        if (outcomes[i].error.kind != CTL_OK && f->async_failed++ == 0)
+            bench_fail("stats_many_start over %zu: %s", count, outcomes[i].error.msg);
+}
 
 typedef struct fan_bare {
     void **socks;
@@ -777,6 +852,19 @@ typedef struct fan_bare {
 
 static int fan_ours_batch(fan_ours *f)
 {
+    if (f->async) {
+        ctl_call *call = NULL;
+        f->async_failed = -1;
+        if (storage_stats_many_start(f->client, f->addresses, f->n, CALL_TIMEOUT_MS,
+                                     fan_async_done, f, &call) != 0 ||
+            ctl_call_wait(call, -1) != 0) {
+            bench_fail("stats_many_start over %zu: could not start or wait", f->n);
+            ctl_call_release(call);
+            return -1;
+        }
+        ctl_call_release(call);
+        return f->async_failed == 0 ? 0 : -1;
+    }
     int failed = storage_stats_many(f->client, f->addresses, f->n, CALL_TIMEOUT_MS,
                                     f->outcomes);
     if (failed != 0)
@@ -840,6 +928,7 @@ static int fan_round(int bare, fan_ours *o, fan_bare *b, size_t batches, int r,
 {
     uint64_t *lat = malloc(batches * sizeof *lat);
     size_t n = bare ? b->n : o->n;
+    /* The engine's I/O thread runs in this process: getrusage counts it. */
     if (!lat) {
         bench_fail("out of memory");
         return -1;
@@ -862,7 +951,7 @@ static int fan_round(int bare, fan_ours *o, fan_bare *b, size_t batches, int r,
 
 typedef struct fan_size {
     size_t n;
-    fan_side ours, bare;
+    fan_side ours, async, bare;
 } fan_size;
 
 /* Open files and resident KiB of this process, after giving freed heap
@@ -880,7 +969,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
 {
     size_t batches = (cfg.quick ? 2000 : 50000) / n;
     void *octx = NULL, *bctx = NULL;
-    fan_ours o = {0};
+    fan_ours o = {0}, a = {0};
     fan_bare b = {0};
     ctl_client_options co;
     ctl_error err;
@@ -903,10 +992,16 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     }
     for (size_t i = 0; i < n; i++)
         o.addresses[i] = units->endpoints[i];
+    a = o;
+    a.async = 1;
+    a.outcomes = NULL;
 
     /* ctlrpc: a fresh context and client; files and memory per address
-     * from before the first batch to after it. */
-    octx = scale_ctx(4 * n + 256);
+     * from before the first batch to after it. The context holds both
+     * clients, blocking and asynchronous: each has three ZeroMQ sockets an
+     * address (the DEALER, its monitor and the monitor's reader), and
+     * room for the sockets retired along the way. */
+    octx = scale_ctx(8 * n + 256);
     ctl_client_options_init(&co);
     co.zmq_context = octx;
     if (!octx || ctl_client_new(&co, &o.client, &err) != 0) {
@@ -919,6 +1014,12 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     self_usage(&fd1, &rss1);
     out->ours.fds = (double)(fd1 - fd0) / (double)n;
     out->ours.rss_kib = ((double)rss1 - (double)rss0) / (double)n;
+    /* The asynchronous side: its own client, callbacks on its I/O thread. */
+    co.callbacks_on_io_thread = 1;
+    if (ctl_client_new(&co, &a.client, &err) != 0) {
+        bench_fail("fan-out async client: %s", err.msg);
+        goto out;
+    }
 
     /* Bare: a DEALER per address, likewise. */
     bctx = scale_ctx(2 * n + 256);
@@ -945,20 +1046,24 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
 
     /* Warm both, then the rounds. */
     for (size_t i = 0; i < 3; i++)
-        if (fan_ours_batch(&o) != 0 || fan_bare_batch(&b) != 0)
+        if (fan_ours_batch(&o) != 0 || fan_ours_batch(&a) != 0 || fan_bare_batch(&b) != 0)
             goto out;
     for (int r = 0; r < rounds; r++) {
-        for (int k = 0; k < 2; k++) {
-            int bare = (r % 2) ? 1 - k : k;
-            if (fan_round(bare, &o, &b, batches, r, bare ? &out->bare : &out->ours) != 0)
+        /* Rotate which side goes first. */
+        for (int k = 0; k < 3; k++) {
+            int side = (r + k) % 3; /* 0 blocking, 1 asynchronous, 2 bare */
+            if (fan_round(side == 2, side == 1 ? &a : &o, &b, batches, r,
+                          side == 0 ? &out->ours : side == 1 ? &out->async : &out->bare) != 0)
                 goto out;
         }
-        bench_progress("fan-out to %zu: round %d/%d: batch p50 %.0f vs %.0f us, CPU %.1f vs %.1f "
-                 "us/target", n, r + 1, cfg.rounds, out->ours.p50[r], out->bare.p50[r],
-                 out->ours.cpu[r], out->bare.cpu[r]);
+        bench_progress("fan-out to %zu: round %d/%d: batch p50 %.0f / %.0f (async) vs %.0f us, "
+                 "CPU %.1f / %.1f vs %.1f us/target", n, r + 1, cfg.rounds, out->ours.p50[r],
+                 out->async.p50[r], out->bare.p50[r], out->ours.cpu[r], out->async.cpu[r],
+                 out->bare.cpu[r]);
     }
     rc = 0;
 out:
+    ctl_client_destroy(&a.client);
     ctl_client_destroy(&o.client);
     if (octx)
         zmq_ctx_term(octx);
@@ -986,10 +1091,11 @@ static int case_fanout(void)
     int rc = -1, done = 0;
     memset(&units, 0, sizeof units);
     memset(&echos, 0, sizeof echos);
-    bench_progress("fan-out: starting %zu units and %zu echo sockets, %d to a process", max, max,
-             PER_HOST);
-    if (hosts_start(&units, "units", max) != 0 || hosts_start(&echos, "echo", max) != 0)
+    bench_progress("fan-out: starting %zu fixed-reply servers, %d to a process", max, PER_HOST);
+    /* One set of servers for every side. */
+    if (hosts_start(&echos, "fixed", max) != 0)
         goto out;
+    units = echos;
     /* Once, unmeasured: what the first client and context of a process
      * allocate for good (an arena for the I/O thread, ...) would otherwise
      * be booked to the first size's addresses. */
@@ -1000,32 +1106,35 @@ static int case_fanout(void)
             goto out;
     rc = 0;
 out:
-    hosts_stop(&units);
     hosts_stop(&echos);
     if (done == 0)
         return rc;
     int R = cfg.rounds;
-    printf("\n## fanout: storage_stats_many vs the bare fan-out (send all, collect all) to "
-           "echo ROUTERs\n\n");
-    printf("| units | batch p50 us | bare p50 us | ratio | batch p99 us | bare p99 us | ratio "
-           "| p50 per target us | bare per target us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("\n## fanout: storage_stats_many (blocking) and storage_stats_many_start "
+           "(asynchronous) vs the bare fan-out (send all, collect all), all to the same "
+           "fixed-reply servers\n\n");
+    printf("| servers | batch p50 us | async p50 us | bare p50 us | ratio | async ratio "
+           "| batch p99 us | async p99 us | bare p99 us | p50 per target us | bare per target us "
+           "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
         double p50o = bench_median(s->ours.p50, R), p50b = bench_median(s->bare.p50, R);
-        printf("| %zu | %.0f | %.0f | %.3fx | %.0f | %.0f | %.3fx | %.2f | %.2f |\n", s->n,
-               p50o, p50b, median_ratio(s->ours.p50, s->bare.p50, R),
-               bench_median(s->ours.p99, R), bench_median(s->bare.p99, R),
-               median_ratio(s->ours.p99, s->bare.p99, R), p50o / (double)s->n,
-               p50b / (double)s->n);
+        printf("| %zu | %.0f | %.0f | %.0f | %.3fx | %.3fx | %.0f | %.0f | %.0f | %.2f | %.2f |\n",
+               s->n, p50o, bench_median(s->async.p50, R), p50b,
+               median_ratio(s->ours.p50, s->bare.p50, R),
+               median_ratio(s->async.p50, s->bare.p50, R), bench_median(s->ours.p99, R),
+               bench_median(s->async.p99, R), bench_median(s->bare.p99, R),
+               p50o / (double)s->n, p50b / (double)s->n);
     }
-    printf("\n| units | client CPU us/target | bare us/target | ratio | RSS KiB/address | bare "
-           "KiB/address | open files/address | bare files/address |\n"
-           "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("\n| servers | client CPU us/target | async us/target | bare us/target | ratio "
+           "| async ratio | RSS KiB/address | bare KiB/address | open files/address "
+           "| bare files/address |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
-        printf("| %zu | %.2f | %.2f | %.3fx | %.1f | %.1f | %.2f | %.2f |\n", s->n,
-               bench_median(s->ours.cpu, R), bench_median(s->bare.cpu, R),
-               median_ratio(s->ours.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
+        printf("| %zu | %.2f | %.2f | %.2f | %.3fx | %.3fx | %.1f | %.1f | %.2f | %.2f |\n",
+               s->n, bench_median(s->ours.cpu, R), bench_median(s->async.cpu, R),
+               bench_median(s->bare.cpu, R), median_ratio(s->ours.cpu, s->bare.cpu, R),
+               median_ratio(s->async.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
                s->ours.fds, s->bare.fds);
     }
     printf("\n(per target = batch p50 / units; CPU = this process's user+system time over "
@@ -1540,9 +1649,11 @@ static void usage(FILE *f)
             "  --help          this text\n"
             "\n"
             "Cases (--quick sizes in brackets):\n"
-            "  fanout   stats_many over 16/64/256/1024 units [16/64] vs the bare fan-out\n"
-            "           to echo ROUTERs: batch latency, client CPU, files and memory\n"
-            "           per address\n"
+            "  fanout   16/64/256/1024 [16/64] servers that answer every request\n"
+            "           with a fixed stats reply: storage_stats_many (blocking) and\n"
+            "           storage_stats_many_start (async) vs the bare fan-out, all\n"
+            "           against the same servers: batch latency, client CPU, files\n"
+            "           and memory per address\n"
             "  held     one unit holding 10k/1M/10M [10k/100k] blobs: put, get, describe,\n"
             "           stats and list latency against the smallest level\n"
             "  clients  5000 [200] clients connecting at once to one ctl-storage-unit:\n"
@@ -1573,7 +1684,9 @@ static int internal_mode(int argc, char **argv)
         if (strcmp(argv[2], "units") == 0)
             return host_units((size_t)n);
         if (strcmp(argv[2], "echo") == 0)
-            return host_echo((size_t)n);
+            return host_routers((size_t)n, echo_ready);
+        if (strcmp(argv[2], "fixed") == 0)
+            return host_routers((size_t)n, fixed_ready);
     }
     if (strcmp(argv[1], "--clients-host") == 0 && argc == 5 &&
         parse_count(argv[2], 10000, &n) == 0 && parse_count(argv[4], 1000, &calls) == 0)

@@ -5,8 +5,9 @@ as its first line of stdout, and serves until SIGTERM.
     pystorage.py --gen GEN --idl IDL [--bind EP] [--capacity BYTES] [--no-describe]
                  [--curve-secret FILE [--curve-allow FILE]]
 
-Every op of idl/storage.idl is implemented; an op `echo(text: str) -> str` is too, when the IDL
-has one (the evolution test adds it to a copy of storage.idl).
+Every op of idl/storage.idl is implemented; so are an op `echo(text: str) -> str` and an op
+`overflow(n: u32) -> u32 raises Overflow` (it always raises the declared kind Overflow, with a
+reason), when the IDL has them (tests add them to a copy of storage.idl).
 """
 
 import argparse
@@ -16,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 
 import ctlrpc
 
@@ -100,17 +100,22 @@ def main():
         def echo(self, *, text):
             return text
 
+        def overflow(self, *, n):
+            raise mod.Overflow(f"{n} is more than this unit holds", reason="limit")
+
     kw = {}
     if opts.curve_secret:
         kw["curve_secret"] = opts.curve_secret
     if opts.curve_allow:
         kw["curve_allow"] = opts.curve_allow
+    # SIGTERM and SIGINT are taken synchronously by this thread, blocked before any thread
+    # starts: a handler set with signal.signal runs only once the main thread wakes, and a
+    # signal that lands on another thread (after a SIGSTOP and SIGCONT, say) never wakes it.
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     server = mod.serve(Handlers(), opts.bind, describe=not opts.no_describe, **kw)
     print(server.endpoint, flush=True)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    done.wait()
+    signal.sigwait(stop)
     server.close()
 
 

@@ -14,6 +14,10 @@
  *                  resumed (SIGCONT): every late reply is drained and
  *                  counted, none reaches a later call, and what the late
  *                  requests did is there
+ *   freeze_expired a unit frozen while puts queue up, resumed after their
+ *                  callers' deadlines (carried in the request ids) and its
+ *                  skew allowance passed: none of them runs, each is
+ *                  counted in `expired`, no reply is sent
  *   call_many      one fan-out over units that are fine, frozen and dead:
  *                  each target gets its own outcome, the batch ends at its
  *                  deadline; all-fine batches end as soon as all answered
@@ -44,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "storage.ctl.h"
@@ -433,6 +438,11 @@ static void *late_main(void *arg)
 static void test_freeze_late(void **state)
 {
     fx *f = *state;
+    /* The late requests must run: the unit's deadline check is off (the
+     * callers' deadlines pass while it is frozen; freeze_expired is the
+     * other way). */
+    f->units[0].extra[0] = "--deadline-skew-ms";
+    f->units[0].extra[1] = "-1";
     start_unit(f, 0, NULL);
     new_client(f, 30000, 2 * LATE_KEYS);
     const char *addr = f->units[0].endpoint;
@@ -443,6 +453,32 @@ static void test_freeze_late(void **state)
         assert_int_equal(put(f->client, addr, key, first, sizeof first, OK_MS,
                              NULL, &f->err), 0);
     }
+
+    /* Connections up before the freeze: the client hands a request only to
+     * a connection that is up (ZMQ_IMMEDIATE), and a frozen unit completes
+     * no new handshake. A fan-out of LATE_KEYS calls to the unit leaves as
+     * many connections pooled (the pool keeps as many idle as were lent at
+     * once); repeated, with a deadline, until it has, since a reply that
+     * comes before the last request leaves may let a socket serve twice. */
+    ctl_target warm[LATE_KEYS];
+    for (int k = 0; k < LATE_KEYS; k++)
+        warm[k] = (ctl_target){addr, NULL, 0};
+    ctl_address_stats as;
+    int64_t warm_until = tu_now_ms() + 20000;
+    do {
+        ctl_call *call = NULL;
+        assert_int_equal(ctl_client_call_many_start(f->client, "stats", warm, LATE_KEYS, OK_MS,
+                                                    NULL, NULL, &call, &f->err),
+                         0);
+        assert_int_equal(ctl_call_wait(call, 2 * OK_MS), 0);
+        size_t n = 0;
+        const ctl_outcome *o = ctl_call_outcomes(call, &n);
+        for (size_t k = 0; k < n; k++)
+            assert_int_equal(o[k].error.kind, CTL_OK);
+        ctl_call_release(call);
+        ctl_client_address_stats(f->client, addr, &as);
+    } while (as.sockets < LATE_KEYS && tu_now_ms() < warm_until);
+    assert_true(as.sockets >= LATE_KEYS);
 
     assert_int_equal(up_freeze(&f->units[0]), 0);
     late_caller lc[LATE_THREADS];
@@ -514,6 +550,119 @@ static void test_freeze_late(void **state)
            (unsigned long long)cs.late_replies, (unsigned long long)cs.calls);
 }
 
+/* ---- freeze_expired ---------------------------------------------------- */
+
+#define EXPIRED_SKEW_MS 200
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The unit's `expired`, from the built-in op _stats. */
+static uint64_t unit_expired(fx *f, const char *addr)
+{
+    ctl_reply *reply = NULL;
+    if (ctl_client_call(f->client, addr, "_stats", NULL, 0, OK_MS, &reply, &f->err) != 0)
+        fail_msg("_stats at %s: %s", addr, f->err.msg);
+    const msgpack_object *t = tu_obj_get(ctl_reply_result(reply), "totals");
+    const msgpack_object *e = t ? tu_obj_get(t, "expired") : NULL;
+    assert_non_null(e);
+    assert_int_equal(e->type, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    uint64_t v = e->via.u64;
+    ctl_reply_destroy(&reply);
+    return v;
+}
+
+/* A unit frozen while puts queue up on it, past their callers' deadlines
+ * and its skew allowance, then resumed: none of the puts runs (their keys
+ * are missing), each is counted in `expired`, no reply is sent for any (no
+ * late reply reaches the client), and the unit serves on. */
+static void test_freeze_expired(void **state)
+{
+    fx *f = *state;
+    char skew[16];
+    snprintf(skew, sizeof skew, "%d", EXPIRED_SKEW_MS);
+    f->units[0].extra[0] = "--deadline-skew-ms";
+    f->units[0].extra[1] = skew;
+    start_unit(f, 0, NULL);
+    new_client(f, 30000, 2 * LATE_KEYS);
+    const char *addr = f->units[0].endpoint;
+    char key[16];
+
+    /* Connections up before the freeze (as in freeze_late). */
+    ctl_target warm[LATE_KEYS];
+    for (int k = 0; k < LATE_KEYS; k++)
+        warm[k] = (ctl_target){addr, NULL, 0};
+    ctl_address_stats as;
+    int64_t warm_until = tu_now_ms() + 20000;
+    do {
+        ctl_call *call = NULL;
+        assert_int_equal(ctl_client_call_many_start(f->client, "stats", warm, LATE_KEYS, OK_MS,
+                                                    NULL, NULL, &call, &f->err),
+                         0);
+        assert_int_equal(ctl_call_wait(call, 2 * OK_MS), 0);
+        ctl_call_release(call);
+        ctl_client_address_stats(f->client, addr, &as);
+    } while (as.sockets < LATE_KEYS && tu_now_ms() < warm_until);
+    assert_true(as.sockets >= LATE_KEYS);
+    assert_int_equal(unit_expired(f, addr), 0);
+
+    assert_int_equal(up_freeze(&f->units[0]), 0);
+    late_caller lc[LATE_THREADS];
+    pthread_t th[LATE_THREADS];
+    for (int i = 0; i < LATE_THREADS; i++) {
+        lc[i] = (late_caller){.f = f, .address = addr, .index = i};
+        assert_int_equal(pthread_create(&th[i], NULL, late_main, &lc[i]), 0);
+    }
+    for (int i = 0; i < LATE_THREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < LATE_THREADS; i++)
+        for (int j = 0; j < LATE_PER_THREAD; j++) {
+            assert_int_equal(lc[i].rc[j], CTL_TRANSFER);
+            assert_int_equal(lc[i].cause[j], CTL_CAUSE_TIMEOUT);
+        }
+    ctl_client_stats cs;
+    ctl_client_stats_get(f->client, &cs);
+    assert_int_equal(cs.timeouts, LATE_KEYS);
+    uint64_t sent = cs.calls;
+
+    /* Every deadline has passed (each call ended at or after its own);
+     * the unit resumes once they are older than its allowance, by the wall
+     * clock the ids carry. */
+    int64_t thaw_at = wall_ms() + EXPIRED_SKEW_MS + 50;
+    while (wall_ms() < thaw_at)
+        tu_sleep_ms(10);
+    assert_int_equal(up_thaw(&f->units[0]), 0);
+    int64_t deadline = tu_now_ms() + 20000;
+    uint64_t expired = 0;
+    while ((expired = unit_expired(f, addr)) < LATE_KEYS && tu_now_ms() < deadline)
+        tu_sleep_ms(20);
+    assert_int_equal(expired, LATE_KEYS);
+
+    /* None of them ran: every key is missing. */
+    for (int k = 0; k < LATE_KEYS; k++) {
+        snprintf(key, sizeof key, "k%d", k);
+        ctl_str kk = cstr(key);
+        storage_get_args a = {.keys = {.items = &kk, .count = 1}};
+        storage_list_bin blobs;
+        ctl_reply *reply = NULL;
+        assert_int_equal(storage_get(f->client, addr, &a, OK_MS, &blobs, &reply, &f->err),
+                         CTL_MISSING);
+    }
+    storage_UnitStats st;
+    stats_ok(f, addr, &st);
+    assert_int_equal(st.dropped, 0);
+    /* Nothing was sent back for them: no late reply ever came. */
+    ctl_client_stats_get(f->client, &cs);
+    assert_int_equal(cs.late_replies, 0);
+    assert_true(cs.calls > sent);
+    printf("freeze_expired: %d puts timed out on a frozen unit; after it resumed, "
+           "%llu expired unserved\n", LATE_KEYS, (unsigned long long)expired);
+}
+
 /* ---- call_many --------------------------------------------------------- */
 
 #define BATCH_MS 800
@@ -522,9 +671,16 @@ static void test_freeze_late(void **state)
 static void test_call_many(void **state)
 {
     fx *f = *state;
-    /* 0, 1 fine; 2, 3 frozen; 4, 5 dead. */
-    for (int i = 0; i < 6; i++)
+    /* 0, 1 fine; 2, 3 frozen; 4, 5 dead. The frozen ones answer late once
+     * thawed, however late the machine lets them run: their deadline check
+     * is off. */
+    for (int i = 0; i < 6; i++) {
+        if (i == 2 || i == 3) {
+            f->units[i].extra[0] = "--deadline-skew-ms";
+            f->units[i].extra[1] = "-1";
+        }
         start_unit(f, i, NULL);
+    }
     new_client(f, 30000, 64);
     char dead[2][CTL_ENDPOINT_MAX];
     for (int i = 0; i < 2; i++) {
@@ -571,6 +727,7 @@ static void test_call_many(void **state)
             assert_int_equal(out[i].error.cause,
                              killed ? CTL_CAUSE_REFUSED : CTL_CAUSE_TIMEOUT);
             assert_non_null(strstr(out[i].error.msg, addrs[i]));
+            assert_non_null(strstr(out[i].error.msg, "nothing was sent"));
         }
     }
     storage_put_outcomes_fini(out, TARGETS);
@@ -589,31 +746,27 @@ static void test_call_many(void **state)
            (long long)took, 4 * OK_MS);
     assert_true(took < OK_MS);
 
-    /* The frozen units resume: their answers to the first batch are late
-     * (counted, dropped); a new batch gets its own replies. */
+    /* The frozen units resume; a new batch gets its own replies. */
     assert_int_equal(up_thaw(&f->units[2]), 0);
     assert_int_equal(up_thaw(&f->units[3]), 0);
     const char *four[4] = {f->units[0].endpoint, f->units[2].endpoint,
                            f->units[1].endpoint, f->units[3].endpoint};
     ctl_client_stats cs;
-    int64_t deadline = tu_now_ms() + 20000;
-    for (;;) {
-        storage_put_args again[4];
-        for (int i = 0; i < 4; i++) {
-            again[i] = args[i];
-            again[i].data.len = 20 + (size_t)i;
-        }
-        failed = storage_put_many(f->client, four, again, 4, OK_MS, out);
-        assert_int_equal(failed, 0);
-        for (int i = 0; i < 4; i++)
-            assert_int_equal(out[i].result, 20 + i);
-        storage_put_outcomes_fini(out, 4);
-        ctl_client_stats_get(f->client, &cs);
-        if (cs.late_replies >= 2 || tu_now_ms() > deadline)
-            break;
-        tu_sleep_ms(20);
+    storage_put_args again[4];
+    for (int i = 0; i < 4; i++) {
+        again[i] = args[i];
+        again[i].data.len = 20 + (size_t)i;
     }
-    assert_int_equal(cs.late_replies, 2);
+    failed = storage_put_many(f->client, four, again, 4, OK_MS, out);
+    assert_int_equal(failed, 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(out[i].result, 20 + i);
+    storage_put_outcomes_fini(out, 4);
+    ctl_client_stats_get(f->client, &cs);
+    /* The first batch's requests to the frozen units found no connection up
+     * (a frozen unit completes no handshake) and were never sent: nothing
+     * late can come of them. */
+    assert_int_equal(cs.late_replies, 0);
 }
 
 /* The kernel's cap on any listen backlog (net.core.somaxconn), 0 if
@@ -678,6 +831,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_kill_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fd_leak, setup, teardown),
         cmocka_unit_test_setup_teardown(test_freeze_late, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_freeze_expired, setup, teardown),
         cmocka_unit_test_setup_teardown(test_call_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog, setup, teardown),
     };

@@ -49,6 +49,14 @@ static int start_once(up_unit *u, const char *bin, const char *bind,
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
         return -1;
+    const char *argv[6 + UP_MAX_EXTRA] = {bin, "--bind", bind ? bind : "tcp://127.0.0.1:0"};
+    size_t argc = 3;
+    if (capacity) {
+        argv[argc++] = "--capacity";
+        argv[argc++] = capacity;
+    }
+    for (size_t i = 0; i < UP_MAX_EXTRA && u->extra[i]; i++)
+        argv[argc++] = u->extra[i];
     pid_t pid = fork();
     if (pid < 0) {
         close(p[0]);
@@ -60,8 +68,6 @@ static int start_once(up_unit *u, const char *bin, const char *bind,
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 ||
             dup2(p[1], STDOUT_FILENO) < 0)
             _exit(127);
-        const char *argv[] = {bin, "--bind", bind ? bind : "tcp://127.0.0.1:0",
-                              capacity ? "--capacity" : NULL, capacity, NULL};
         execv(bin, (char *const *)argv);
         _exit(127);
     }

@@ -19,11 +19,16 @@
 
 #include "ctlrpc/net.h"
 
+#define UP_MAX_EXTRA 4
+
 typedef struct up_unit {
     pid_t pid;    /* 0 when not running */
     int out_fd;   /* its stdout; -1 when not running */
     int frozen;
     char endpoint[CTL_ENDPOINT_MAX]; /* as it printed it */
+    /* More arguments for the unit's command line (NULL-terminated unless
+     * all UP_MAX_EXTRA are used), set before up_start. */
+    const char *extra[UP_MAX_EXTRA];
 } up_unit;
 
 /* Start `bin` bound to `bind` (NULL: tcp://127.0.0.1:0) with `capacity`

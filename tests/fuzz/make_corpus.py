@@ -89,6 +89,22 @@ def unit_seeds():
         "trailing-bytes": unit_input(req("stats", {}) + b"\x00"),
         "deep-args": unit_input(req("list", {"prefix": nested(40)})),
         "huge-count": unit_input(b"\x93\xa4list\xa1x\xdf\xff\xff\xff\xff"),
+        # The built-in ops every unit answers (docs/PROTOCOL.md, "Built-in ops").
+        "builtin-describe": unit_input(req("_describe", {})),
+        "builtin-health": unit_input(req("_health", {})),
+        "builtin-stats": unit_input(put, req("_stats", {}, "000000000002")),
+        "builtin-all": unit_input(req("_health", {}), put, req("_describe", {}, "2"),
+                                  req("_stats", {}, "3"), req("_health", {}, ""), mode=4),
+        "builtin-args": unit_input(req("_stats", {"x": 1}), req("_describe", {1: 2}, "2")),
+        "builtin-near-miss": unit_input(req("_stat", {}), req("_healthy", {}, "2")),
+        # Deadlines in ids (docs/PROTOCOL.md, "Deadlines"): long past (skipped), far ahead
+        # and near misses of the form (served).
+        "deadline-passed": unit_input(req("put", {"key": "k1", "data": b"x"}, "0001@1"),
+                                      req("_stats", {}, "0002@1"),
+                                      req("get", {"keys": ["k1"]}, "0003@0000000000001")),
+        "deadline-ahead": unit_input(put, req("get", {"keys": ["k1"]}, "0002@9999999999999999"),
+                                     req("get", {"keys": ["k1"]}, "0003@99999999999999999"),
+                                     req("stats", {}, "0004@1x")),
     }
 
 

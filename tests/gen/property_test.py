@@ -37,7 +37,8 @@ BATCH = 100
 
 WORDS = ["a", "b", "key", "size", "data", "value", "items", "count", "error", "result",
          "reply", "ctx", "h", "args", "opt", "entry", "init", "INIT", "handler", "handlers",
-         "list", "map", "str", "op", "record", "service", "import", "raises", "notify", "true",
+         "list", "map", "str", "op", "record", "service", "import", "raises", "notify",
+         "idempotent", "true",
          "false", "null", "time", "index", "signal", "errno", "sched", "va", "yield", "X1",
          "a__b", "Zz_9", "present", "outcome", "many", "serve", "client_id", "stat", "EOF_",
          "SIZE", "max", "min", "abs", "free", "on", "on_x", "t", "u64x"]
@@ -187,7 +188,8 @@ class Gen:
             if rng.random() < 0.8:
                 args = "\n" + self.members(names, names, ",\n", "") + ("," if rng.random() < 0.3
                                                                        else "") + "\n"
-            text = self.doc() + f"{'notify' if notify else 'op'} {name}({args})"
+            idempotent = "" if notify or rng.random() < 0.7 else "idempotent "
+            text = self.doc() + f"{idempotent}{'notify' if notify else 'op'} {name}({args})"
             if not notify:
                 if rng.random() < 0.7:
                     text += f" -> {self.type_(names, names)}"

@@ -54,6 +54,14 @@ class Storage(unittest.TestCase):
             "stats": ((), "UnitStats", (), False),
         })
 
+    def test_idempotent_ops(self):
+        # Reads and pin run twice to the same effect and answer; put (with pin, a retry of a
+        # put that ran fails Busy) and delete (a retry answers 0) do not; notify ops cannot.
+        self.assertEqual([op.name for op in self.m.ops if op.idempotent],
+                         ["get", "describe", "pin", "list", "stats"])
+        self.assertEqual(self.m.op("get").idl,
+                         "idempotent op get(keys: list<str>) -> list<bin> raises Missing")
+
     def test_records(self):
         fields = {r.name: [f.idl for f in r.fields] for r in self.m.records}
         self.assertEqual(fields, {
@@ -160,6 +168,27 @@ class Rules(unittest.TestCase):
         m, diags = check_text("service s;\nop f(a: u64 = 1, b: str, c: bool = true);\n")
         self.assertIsNotNone(m, diags.render())
         self.assertEqual([a.required for a in m.op("f").args], [False, True, False])
+
+    def test_idempotent(self):
+        m, diags = check_text("service s;\nidempotent op get(k: str) -> bin raises Missing;\n"
+                              "op put(k: str);\n")
+        self.assertIsNotNone(m, diags.render())
+        self.assertEqual([(op.name, op.idempotent) for op in m.ops],
+                         [("get", True), ("put", False)])
+        self.assertEqual(m.op("get").idl, "idempotent op get(k: str) -> bin raises Missing")
+
+    def test_idempotent_notify_is_refused_naming_it(self):
+        m, diags = check_text("service s;\nop ok();\nidempotent notify drop(k: str);\n")
+        self.assertIsNone(m)
+        self.assertEqual(diags.error_count, 1)
+        self.assertIn("t.idl:3:1: error: notify 'drop' cannot be idempotent: the unit sends no "
+                      "reply", diags.render())
+
+    def test_idempotent_without_op_is_one_error(self):
+        m, diags = check_text("service s;\nidempotent get();\n")
+        self.assertIsNone(m)
+        self.assertEqual(diags.error_count, 1, diags.render())  # not "declares no ops" too
+        self.assertIn("expected 'op' after 'idempotent'", diags.render())
 
     def test_no_model_when_there_is_any_error(self):
         m, diags = check_text("service s;\nop f(a: strng);\n")

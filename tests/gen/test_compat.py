@@ -26,6 +26,7 @@ RULES = """
     op-added op-removed op-renamed op-became-notify notify-became-op ops-reordered
     result-added result-added-optional result-removed result-changed result-widened
     raises-added raises-removed raises-declared-removed error-added error-removed
+    idempotent-added idempotent-removed
     arg-added-default arg-added-optional arg-added arg-removed notify-arg-removed arg-renamed
     args-reordered
     default-changed field-default-changed default-added default-removed
@@ -40,6 +41,8 @@ RULES = """
 HEADER = re.compile(r"^(?P<path>[^\s:][^:]*(?::[^\s:][^:]*)?):(?P<line>\d+):(?P<col>\d+): "
                     r"(?P<severity>error|warning|note): (?P<message>.+)$")
 CARET = re.compile(r"^[ \t]*\^~*$")
+SUMMARY = re.compile(r"^(\d+) wire-breaking, (\d+) source-breaking, (\d+) safe$")
+NO_CHANGE = "0 wire-breaking, 0 source-breaking, 0 safe\n"
 
 
 def doc_examples():
@@ -75,6 +78,9 @@ def parse(stderr, sources):
     lines = stderr.split("\n")
     assert lines[-1] == "", stderr
     lines.pop()
+    # The last line counts the changes by class (the notes on old.idl are not changes).
+    last = SUMMARY.match(lines.pop())
+    assert last, f"no summary line at the end: {stderr!r}"
     headers = []
     for k in range(0, len(lines), 3):
         m = HEADER.match(lines[k])
@@ -84,6 +90,9 @@ def parse(stderr, sources):
         assert CARET.match(lines[k + 2]), lines[k + 2]
         assert lines[k + 2].index("^") == int(m.group("col")) - 1, (lines[k], lines[k + 2])
         headers.append(lines[k])
+    counted = [sum(1 for h in headers if h.endswith(f" [{c}]"))
+               for c in ("wire-breaking", "source-breaking", "safe")]
+    assert [int(n) for n in last.groups()] == counted, (last.group(0), headers)
     return headers
 
 
@@ -149,9 +158,54 @@ for _name in RULES:
 
 
 class Against(TempDir):
-    def test_a_service_against_itself_is_silent(self):
+    def test_a_service_against_itself_says_only_its_summary(self):
         status, out, err = self.compare("--against", support.STORAGE_IDL, support.STORAGE_IDL)
-        self.assertEqual((status, out, err), (0, "", ""))
+        self.assertEqual((status, out, err), (0, "", NO_CHANGE))
+
+    def test_the_summary_counts_each_class(self):
+        self.write("old.idl", "service s;\nop f(a: u32);\nop g();\nop h(x: u32);\n")
+        self.write("new.idl", "service s;\nop f(a: u64);\nop g(b: u32 = 1);\nop k();\n"
+                   "op h(y: u32);\n")
+        status, out, err = self.compare("--against", "old.idl", "new.idl")
+        self.assertEqual(status, 1)
+        last = err.split("\n")[-2]
+        self.assertRegex(last, SUMMARY)
+        self.assertEqual(last, "%d wire-breaking, %d source-breaking, %d safe" % tuple(
+            err.count(" [%s]\n" % c) for c in ("wire-breaking", "source-breaking", "safe")))
+        status, out, err = self.compare("--against", "old.idl", "new.idl", "--strict")
+        self.assertEqual(err.split("\n")[-2], last)  # --strict changes severities, not classes
+
+    def test_idempotent_added_warns_and_fails_only_under_strict(self):
+        self.write("old.idl", "service s;\nop get(k: str) -> bin;\nop put(k: str);\n")
+        self.write("new.idl", "service s;\nidempotent op get(k: str) -> bin;\n"
+                   "op put(k: str);\n")
+        status, out, err = self.compare("--against", "old.idl", "new.idl")
+        self.assertEqual((status, out), (0, ""), err)
+        self.assertIn("new.idl:2:1: warning: op 'get' is now idempotent: ", err)
+        self.assertEqual(err.split("\n")[-2], "0 wire-breaking, 1 source-breaking, 0 safe")
+        status, _, err = self.compare("--against", "old.idl", "new.idl", "--strict")
+        self.assertEqual(status, 1)
+        self.assertIn("new.idl:2:1: error: op 'get' is now idempotent: ", err)
+
+    def test_idempotent_removed_is_safe(self):
+        self.write("old.idl", "service s;\nidempotent op get(k: str) -> bin;\n")
+        self.write("new.idl", "service s;\nop get(k: str) -> bin;\n")
+        for strict in ((), ("--strict",)):
+            status, _, err = self.compare("--against", "old.idl", "new.idl", *strict)
+            self.assertEqual(status, 0, err)
+            self.assertIn("new.idl:2:4: note: op 'get' is no longer idempotent: ", err)
+            self.assertIn("old.idl:2:1: note: it was idempotent here", err)
+            self.assertEqual(err.split("\n")[-2], "0 wire-breaking, 0 source-breaking, 1 safe")
+
+    def test_an_idempotent_op_that_becomes_a_notify_reports_only_that(self):
+        self.write("old.idl", "service s;\nidempotent op drop(k: str);\n")
+        self.write("new.idl", "service s;\nnotify drop(k: str);\n")
+        status, _, err = self.compare("--against", "old.idl", "new.idl")
+        self.assertEqual(status, 1)
+        self.assertIn("op 'drop' became a notify", err)
+        self.assertIn("old.idl:2:12: note: it was an op here", err)
+        self.assertNotIn("idempotent:", err)
+        self.assertEqual(err.split("\n")[-2], "1 wire-breaking, 0 source-breaking, 0 safe")
 
     def test_strict_needs_against(self):
         status, _, err = self.compare("--strict", "--check", support.STORAGE_IDL)
@@ -256,7 +310,7 @@ class Against(TempDir):
     def test_equal_defaults_spelled_differently_are_no_change(self):
         self.write("old.idl", "service s;\nop f(a: u32 = 16, b: f64 = 2, c: str? = null);\n")
         self.write("new.idl", "service s;\nop f(a: u32 = 0x10, b: f64 = 2.0, c: str?);\n")
-        self.assertEqual(self.compare("--against", "old.idl", "new.idl"), (0, "", ""))
+        self.assertEqual(self.compare("--against", "old.idl", "new.idl"), (0, "", NO_CHANGE))
 
     def test_optional_record_result_widening_is_source_breaking(self):
         self.write("old.idl", "service s;\nop f() -> u32?;\n")
@@ -361,7 +415,7 @@ class AgainstGit(TempDir):
         self.assertTrue(err.startswith("s.idl:4:4: note: op 'get' was added: "), err)
         status, out, err = self.compare("--against-git", "HEAD", "s.idl",
                                         cwd=os.path.join(self.repo, "idl"))
-        self.assertEqual((status, out, err), (0, "", ""))
+        self.assertEqual((status, out, err), (0, "", NO_CHANGE))
 
     def test_strict(self):
         self.write("repo/idl/s.idl", 'service t;\nimport "common.idl";\n'

@@ -79,6 +79,40 @@ class Tree(unittest.TestCase):
         self.assertEqual([m.name for m in f.decls[1].fields], ["op", "record"])
         self.assertEqual(f.decls[2].name, "list")
 
+    def test_idempotent_marks_the_op_that_follows(self):
+        f, diags = parse_text("service s;\n/// Read it.\nidempotent op get(key: str) -> bin;\n"
+                              "op put(key: str);\nidempotent notify n();\n")
+        self.assertEqual(diags.error_count + len(diags.sorted()), 0)
+        get, put, n = f.decls[1:]
+        self.assertEqual((get.name, get.doc, get.notify), ("get", "Read it.", False))
+        self.assertEqual((get.idempotent.line, get.idempotent.col), (3, 1))
+        self.assertEqual((get.start.line, get.start.col), (3, 12))  # the `op` keyword
+        self.assertIsNone(put.idempotent)
+        # Read on a notify too, for the checker to refuse with a reason.
+        self.assertTrue(n.notify)
+        self.assertEqual((n.idempotent.line, n.idempotent.col), (5, 1))
+
+    def test_idempotent_is_contextual(self):
+        f, diags = parse_text("service s;\nrecord idempotent {\n  idempotent: u64;\n}\n"
+                              "idempotent op idempotent(idempotent: idempotent?) -> u64;\n"
+                              "op plain(op: u64);\n")
+        self.assertEqual(diags.error_count, 0, diags.render())
+        rec, op, plain = f.decls[1:]
+        self.assertEqual((rec.name, rec.fields[0].name), ("idempotent", "idempotent"))
+        self.assertEqual((op.name, op.args[0].name), ("idempotent", "idempotent"))
+        self.assertIsNotNone(op.idempotent)
+        self.assertIsNone(plain.idempotent)
+
+    def test_idempotent_needs_an_op(self):
+        f, diags = parse_text("service s;\nidempotent record R { a: u64; }\n"
+                              "idempotent get();\nop ok();\n")
+        self.assertEqual(diags.error_count, 2)
+        self.assertEqual([d.name for d in f.decls], ["s", "ok"])
+        text = diags.render()
+        self.assertIn("t.idl:2:12: error: expected 'op' after 'idempotent' (it marks an op: "
+                      "'idempotent op NAME(...)'), found 'record'", text)
+        self.assertIn("t.idl:3:12: error: expected 'op' after 'idempotent'", text)
+
     def test_trailing_comma_in_arguments(self):
         f, diags = parse_text("service s;\nop f(a: u64, b: u64,);\n")
         self.assertEqual(diags.error_count, 0)
@@ -100,6 +134,20 @@ class Recovery(unittest.TestCase):
     def test_missing_brace_keeps_the_record(self):
         f, diags = parse_text("service s;\nrecord R { a: u64;\nop f() -> R;\n")
         self.assertEqual(diags.error_count, 1)
+        self.assertEqual([d.name for d in f.decls], ["s", "R", "f"])
+
+    def test_idempotent_starts_a_declaration_only_before_op(self):
+        # A record missing its `}` ends where `idempotent op` starts a line...
+        f, diags = parse_text("service s;\nrecord R { a: u64;\nidempotent op get() -> R;\n")
+        self.assertEqual(diags.error_count, 1)
+        self.assertEqual([d.name for d in f.decls], ["s", "R", "get"])
+        self.assertIsNotNone(f.decls[2].idempotent)
+        # ...but a field named `idempotent` that lacks its `:` is reported as the field.
+        f, diags = parse_text("service s;\nrecord R {\n  a: u64;\n  idempotent u64;\n}\n"
+                              "op f() -> R;\n")
+        self.assertEqual(diags.error_count, 1)
+        self.assertIn("t.idl:4:14: error: expected ':' after field name 'idempotent', found "
+                      "'u64'", diags.render())
         self.assertEqual([d.name for d in f.decls], ["s", "R", "f"])
 
     def test_nesting_is_bounded(self):

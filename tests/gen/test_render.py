@@ -74,10 +74,10 @@ class RenderTest(unittest.TestCase):
     def test_each_op_carries_its_declaration_and_doc(self):
         out = self.gen(STORAGE_IDL, "s")
         header = self.read(os.path.join(out, "storage.ctl.h")).decode()
-        self.assertIn(" * idl/storage.idl:49  op put(key: str, data: bin, pin: bool = false) "
+        self.assertIn(" * idl/storage.idl:58  op put(key: str, data: bin, pin: bool = false) "
                       "-> u64 raises UnitFull, Busy\n", header)
         self.assertIn(" * Store `data` under `key`", header)
-        self.assertIn("#if CTL_GEN_ABI != 3\n#error", header)
+        self.assertIn("#if CTL_GEN_ABI != 4\n#error", header)
         # Sections in their fixed order.
         order = [header.index(s) for s in ("---- types", "---- client stubs",
                                            "---- server handler table",
@@ -95,6 +95,33 @@ class RenderTest(unittest.TestCase):
                                  "list", "stats"])
         self.assertIn('{.name = "unpin", .handler = ctl_stub_serve, .flags = CTL_OP_NOREPLY, '
                       '.desc = &storage__op_unpin}', table)
+
+    def test_idempotent_ops_are_flagged_and_say_so(self):
+        out = self.gen(STORAGE_IDL, "s")
+        source = self.read(os.path.join(out, "storage.ctl.c")).decode()
+        header = self.read(os.path.join(out, "storage.ctl.h")).decode()
+        for op in ("put", "get", "describe", "pin", "unpin", "abort", "delete", "list", "stats"):
+            flags = {"unpin": "CTL_OP_NOREPLY", "abort": "CTL_OP_NOREPLY",
+                     "put": None, "delete": None}.get(op, "CTL_OP_IDEMPOTENT")
+            desc = source[source.index(f"static const ctl_op_desc storage__op_{op} = {{"):]
+            desc = desc[:desc.index("};")]
+            entry = source[source.index(f'{{.name = "{op}", .handler = ctl_stub_serve,'):]
+            entry = entry[:entry.index("}") + 1]
+            with self.subTest(op=op):
+                if flags is None:
+                    self.assertNotIn(".flags", desc)
+                    self.assertNotIn(".flags", entry)
+                else:
+                    self.assertIn(f"    .flags = {flags},\n", desc)
+                    self.assertIn(f" .flags = {flags}, ", entry)
+        get = header[header.index(" * idl/storage.idl:68  idempotent op get("):]
+        get = get[:get.index("*/")]
+        self.assertIn(" * Idempotent: running it twice does what running it once does", get)
+        self.assertIn("when its retry policy allows (ctl_client_options.retry;", get)
+        put = header[header.index(" * idl/storage.idl:58  op put("):]
+        self.assertNotIn("Idempotent", put[:put.index("*/")])
+        self.assertIn("/* The handler of idempotent op stats() -> UnitStats: a retried call may "
+                      "run it twice */", header)
 
     def test_initializer_macros(self):
         out = self.gen(EVERYTHING, "e")

@@ -51,6 +51,20 @@ class RenderPython(unittest.TestCase):
             self.assertIn('A record """doc""" \\x', ast.get_docstring(classes["R"]))
             self.assertIn("'\"\"\"'", text)  # the default, as a Python literal
 
+    def test_idempotent_ops(self):
+        with tempfile.TemporaryDirectory() as d:
+            _, text = render(support.STORAGE_IDL, d)
+        ops = {}
+        for block in text.split("\n_OP_")[1:]:
+            name, body = block.split(" = _Op(", 1)
+            ops[name] = body[:body.index("\n)")]
+        self.assertEqual(sorted(n for n, body in ops.items() if "idempotent=True," in body),
+                         ["describe", "get", "list", "pin", "stats"])
+        # The clients pass it on to the runtime, for those ops only.
+        self.assertEqual(text.count("idempotent=True)"), 4)  # call, call_many; sync and aio
+        self.assertEqual(text.count("if op.idempotent:"), 4)
+        self.assertIn("IDL: ``idempotent op stats() -> UnitStats``", text)
+
     def test_python_names(self):
         with tempfile.TemporaryDirectory() as d:
             idl = os.path.join(d, "n.idl")

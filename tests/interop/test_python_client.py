@@ -311,7 +311,7 @@ class TestBuiltins(UnitCase):
         self.assertEqual(set(s["totals"]), {
             "requests", "replies", "dropped", "send_failures", "unknown_op", "undeclared",
             "errors", "bytes_in", "bytes_out", "auth_denied", "handshake_failures",
-            "accept_failures", "connections", "disconnects"})
+            "accept_failures", "conn_refused", "connections", "disconnects", "expired"})
         self.assertEqual(s["totals"]["errors"]["Missing"], 1)
         for name in ("put", "get", "_describe", "_health", "_stats"):
             op = s["ops"][name]

@@ -140,6 +140,107 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+/* ---- the same calls, asynchronously: the outcomes must be the blocking ones ---- */
+
+typedef struct async_got {
+    int done;
+    ctl_error err;
+    int has_result;
+    uint64_t value;                 /* fail's result */
+    const matrix_Everything *want;  /* echo: compared in the callback */
+    const char *diff;
+} async_got;
+
+static void on_fail_done(void *user, const ctl_error *err, const uint64_t *result)
+{
+    async_got *g = user;
+    ctl_error_copy(&g->err, err);
+    g->has_result = result != NULL;
+    g->value = result ? *result : 0;
+    g->done = 1;
+}
+
+/* The result's views live until the callback returns: compare here. */
+static void on_echo_done(void *user, const ctl_error *err, const matrix_Everything *result)
+{
+    async_got *g = user;
+    ctl_error_copy(&g->err, err);
+    g->has_result = result != NULL;
+    g->diff = result ? everything_diff(result, g->want) : "no result";
+    g->done = 1;
+}
+
+/* Run the client's queued completions until `g` is done (bounded). */
+static void async_wait(ctl_client *c, async_got *g)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!g->done) {
+        ctl_client_process(c, 0);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > 2 * MS)
+            break;
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+static bool same_error(const ctl_error *a, const ctl_error *b)
+{
+    if (a->kind != b->kind || a->cause != b->cause || a->code != b->code ||
+        a->blob_count != b->blob_count)
+        return false;
+    if ((a->msg == NULL) != (b->msg == NULL) || (a->msg && strcmp(a->msg, b->msg) != 0))
+        return false;
+    if ((a->reason == NULL) != (b->reason == NULL) ||
+        (a->reason && strcmp(a->reason, b->reason) != 0))
+        return false;
+    for (size_t i = 0; i < a->blob_count; i++)
+        if (a->blobs[i].len != b->blobs[i].len ||
+            memcmp(a->blobs[i].ptr, b->blobs[i].ptr, a->blobs[i].len) != 0)
+            return false;
+    return true;
+}
+
+static void async_matches_blocking(ctl_client *c, const char *addr)
+{
+    static const char *const kinds[] = {"ok", "UnitFull", "Busy", "Missing", "NoSuchThing",
+                                        "Stale", "Stray", "Protocol"};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        matrix_fail_args fa = MATRIX_FAIL_ARGS_INIT;
+        fa.kind = ctl_str_c(kinds[k]);
+        fa.reason = k % 2 ? (matrix_opt_str){true, S("why")} : (matrix_opt_str){false, {0}};
+        ctl_error berr;
+        ctl_error_init(&berr);
+        uint64_t bv = 0;
+        int brc = matrix_fail(c, addr, &fa, MS, &bv, &berr);
+        async_got g = {0};
+        ctl_error_init(&g.err);
+        CHECK(matrix_fail_start(c, addr, &fa, MS, on_fail_done, &g, NULL) == 0,
+              "fail_start %s", kinds[k]);
+        async_wait(c, &g);
+        CHECK(g.done, "fail_start %s: no completion", kinds[k]);
+        CHECK(g.err.kind == brc && same_error(&g.err, &berr) &&
+                  g.has_result == (brc == 0) && g.value == bv,
+              "fail %s: async (%d: %s) differs from blocking (%d: %s)", kinds[k], g.err.kind,
+              g.err.msg ? g.err.msg : "", brc, berr.msg ? berr.msg : "");
+        ctl_error_fini(&g.err);
+        ctl_error_fini(&berr);
+    }
+    matrix_Everything sent[2] = {mv_full(), mv_sparse()};
+    for (int i = 0; i < 2; i++) {
+        matrix_echo_args ea = {.value = sent[i]};
+        async_got g = {0};
+        ctl_error_init(&g.err);
+        g.want = &sent[i];
+        CHECK(matrix_echo_start(c, addr, &ea, MS, on_echo_done, &g, NULL) == 0, "echo_start");
+        async_wait(c, &g);
+        CHECK(g.done && g.err.kind == CTL_OK && g.diff == NULL, "echo_start %d: %s %s", i,
+              g.diff ? g.diff : "", g.err.msg ? g.err.msg : "");
+        ctl_error_fini(&g.err);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -321,6 +422,9 @@ int main(int argc, char **argv)
               err.cause == CTL_CAUSE_REMOTE && strcmp(err.remote_kind, "Protocol") == 0 &&
               strstr(err.msg, "asked for Protocol"), "Protocol: %s", err.msg);
     }
+
+    /* the same through the asynchronous stubs */
+    async_matches_blocking(c, addr);
 
     /* notify: remember, then read back what arrived */
     {

@@ -64,6 +64,9 @@ class Unit(m.Handlers):  # type: ignore
     def remembered(self) -> Dict[str, int]:
         return self.store
 
+    def find(self, *, name: Optional[str]) -> Any:
+        return None if name is None else m.Inner(label=name)
+
 
 class Generated(unittest.TestCase):
     @classmethod
@@ -355,6 +358,24 @@ class Generated(unittest.TestCase):
         self.assertTrue(m.Client.describe_many.__doc__)
         self.assertTrue(m.serve.__doc__)
 
+    def test_idempotent_ops_on_the_runtime(self) -> None:
+        # The runtime takes the keyword the generated methods of idempotent ops pass.
+        self.assertEqual(self.client.find(self.addr, name="x").label, "x")
+        self.assertIsNone(self.client.find(self.addr, name=None))
+        outcomes = self.client.find_many([self.addr, self.addr], name="y")
+        self.assertEqual([o.result.label for o in outcomes], ["y", "y"])
+        self.assertIsInstance(self.client.remembered(self.addr), dict)
+
+    def test_idempotent_docstrings(self) -> None:
+        for cls in (m.Client, m.AsyncClient):
+            self.assertIn("IDL: ``idempotent op find(name: str?) -> Inner?``", cls.find.__doc__)
+            self.assertIn("Idempotent: running it twice does what running it once does",
+                          cls.find.__doc__)
+            self.assertIn("Idempotent: each address may be retried", cls.find_many.__doc__)
+            self.assertNotIn("Idempotent", cls.sum.__doc__)
+        self.assertIn("Idempotent: a retried call may run it more than once",
+                      m.Handlers.find.__doc__)
+
     def test_records(self) -> None:
         inner = m.Inner(label="x")
         self.assertEqual((inner.weight, inner.tags), (0.5, []))
@@ -365,6 +386,85 @@ class Generated(unittest.TestCase):
         self.assertEqual((e.pass_, e.name_d, e.blob_d, e.ratio_d, e.maybe_d),
                          ("c", "d\u00e9", b"raw", 2.0, "set"))
         self.assertIn("pass_='c'", repr(e))
+
+
+class _Recorder:
+    """A stand-in for the ctlrpc client under a generated Client: records how each call was
+    made and answers with `result`."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def call(self, address: str, op: str, args: Any, timeout: Any, **kw: Any) -> Any:
+        self.calls.append(("call", op, kw))
+        return {"find": None, "remembered": {}, "sum": 1.0}[op]
+
+    def call_many(self, op: str, targets: Any, timeout: Any, **kw: Any) -> Any:
+        self.calls.append(("call_many", op, kw))
+        return [ctlrpc.Outcome(a, True, {"find": None, "sum": 1.0}[op], None)
+                for a, _ in targets]
+
+    def close(self) -> None:
+        pass
+
+
+class _AsyncRecorder(_Recorder):
+    async def call(self, *a: Any, **kw: Any) -> Any:  # type: ignore[override]
+        return _Recorder.call(self, *a, **kw)
+
+    async def call_many(self, *a: Any, **kw: Any) -> Any:  # type: ignore[override]
+        return _Recorder.call_many(self, *a, **kw)
+
+
+class Idempotent(unittest.TestCase):
+    """The methods of an op declared idempotent pass idempotent=True to the runtime's call and
+    call_many; the others pass nothing new (so they work on any runtime)."""
+
+    WANT = [("call", "find", {"idempotent": True}), ("call", "remembered", {"idempotent": True}),
+            ("call", "sum", {}), ("call_many", "find", {"idempotent": True}),
+            ("call_many", "sum", {})]
+
+    def seen(self, rec: _Recorder) -> list:
+        return [(how, op, {k: v for k, v in kw.items() if k != "kinds"})
+                for how, op, kw in rec.calls]
+
+    def test_client(self) -> None:
+        rec = _Recorder()
+        c = m.Client(rpc=rec)
+        c.find(NOWHERE, name="x")
+        c.remembered(NOWHERE)
+        c.sum(NOWHERE, ints=[1])
+        c.find_many([NOWHERE], name="x")
+        c.sum_many([NOWHERE], ints=[1])
+        self.assertEqual(self.seen(rec), self.WANT)
+
+    def test_async_client(self) -> None:
+        import asyncio
+        rec = _AsyncRecorder()
+        c = m.AsyncClient(rpc=rec)
+
+        async def run() -> None:
+            await c.find(NOWHERE, name="x")
+            await c.remembered(NOWHERE)
+            await c.sum(NOWHERE, ints=[1])
+            await c.find_many([NOWHERE], name="x")
+            await c.sum_many([NOWHERE], ints=[1])
+        asyncio.run(run())
+        self.assertEqual(self.seen(rec), self.WANT)
+
+    def test_async_runtime_takes_the_keyword(self) -> None:
+        import asyncio
+        unit = Unit()
+        server = m.serve(unit, "tcp://127.0.0.1:0")
+        try:
+            async def run() -> Any:
+                async with m.AsyncClient(timeout=10.0) as c:
+                    one = await c.find(server.endpoint, name="z")
+                    many = await c.find_many([server.endpoint], name="w")
+                    return one.label, [o.result.label for o in many]
+            self.assertEqual(asyncio.run(run()), ("z", ["w"]))
+        finally:
+            server.close()
 
 
 class CommandLine(unittest.TestCase):

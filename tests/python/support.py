@@ -34,10 +34,11 @@ def run_tests(argv):
 
 
 class Process:
-    """A program that prints its endpoint as its first line of stdout."""
+    """A program that prints its endpoint as its first line of stdout. `stderr`: where its
+    standard error goes (a file; default the test's)."""
 
-    def __init__(self, argv):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    def __init__(self, argv, stderr=None):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr)
         self.address = self._first_line()
 
     def _first_line(self):
@@ -91,6 +92,32 @@ def dead_address():
     port = s.getsockname()[1]
     s.close()
     return "tcp://127.0.0.1:%d" % port
+
+
+def have_ipv6_loopback():
+    """Whether this machine has IPv6 loopback (a socket binds ::1)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+IPV6_ONLY_NAMES = ("ip6-localhost", "ip6-loopback", "localhost6")
+
+
+def ipv6_only_name():
+    """A name of this machine that resolves to ::1 and nothing else (Debian's /etc/hosts has
+    ip6-localhost), or None: the first of IPV6_ONLY_NAMES that does."""
+    for name in IPV6_ONLY_NAMES:
+        try:
+            found = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            continue
+        if found and all(f[0] == socket.AF_INET6 and f[4][0] == "::1" for f in found):
+            return name
+    return None
 
 
 def wait_for(check, what, timeout_s=10):

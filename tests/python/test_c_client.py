@@ -291,6 +291,87 @@ class TestCurve(CliCase):
             self.assertIn("not on its allowlist", str(cm.exception))
             self.assertLess(time.monotonic() - t0, 2.0)
 
+    def c_refusal(self, *flags):
+        """What the C programs say about a key file: ctl-storage-unit for --curve-secret and
+        --curve-allow, ctl-storage for --curve-server-key and --curve-key."""
+        unit_side = flags[0] in ("--curve-secret", "--curve-allow")
+        argv = ([UNIT, "--bind", "tcp://127.0.0.1:0", *flags] if unit_side else
+                [CLI, "--address", "tcp://127.0.0.1:1", "--timeout", "100ms", *flags, "stats"])
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=support.RUN_S)
+        self.assertEqual(r.returncode, 2, (flags, r.stderr))
+        err = r.stderr.decode().strip()
+        prog = "ctl-storage-unit: " if unit_side else "ctl-storage: "
+        self.assertTrue(err.startswith(prog), err)
+        return err[len(prog):]
+
+    def test_key_file_mistakes_same_words(self):
+        """Each mistake in a key file or an allowlist is refused by the Python reader and the C
+        programs with the same message, naming the file and the mistake."""
+        key, pub = self.py_keys("unit")
+        ckey, cpub = self.py_keys("client")
+        with open(ckey) as f:
+            client_secret_file = f.read()
+        client_secret = ctlrpc.curve.read_key(ckey, True)
+
+        def write(name, text, mode=0o644):
+            path = self.path(name)
+            with open(path, "wb") as f:
+                f.write(text.encode() if isinstance(text, str) else text)
+            os.chmod(path, mode)
+            return path
+
+        with open(cpub) as f:
+            public_text = f.read()
+        link = self.path("link.key")
+        os.symlink(key, link)
+        open_dir = self.path("open")
+        os.mkdir(open_dir)
+        in_open = os.path.join(open_dir, "allow")
+        shutil.copy(cpub, in_open)
+        os.chmod(open_dir, 0o777)
+        self.addCleanup(lambda: os.path.isdir(open_dir) and os.chmod(open_dir, 0o700))
+        cases = [
+            # (flag, file, what the message says)
+            ("--curve-key", pub, "this is a public key; pass the .key file"),
+            ("--curve-key", write("pub600", public_text, 0o600),
+             "this is a public key; pass the .key file"),
+            ("--curve-server-key", key, "this is a secret key; pass the .pub file"),
+            ("--curve-key", link, "is a symbolic link"),
+            ("--curve-allow", write("ww", public_text, 0o666), "is writable by others"),
+            ("--curve-allow", in_open, "in a directory that others can write"),
+            ("--curve-allow", write("dup", public_text + public_text),
+             ":4: the key of line 2 again (a duplicate)"),
+            ("--curve-allow", write("pasted", client_secret_file),
+             ":1: this is a secret key file's header"),
+            ("--curve-allow", write("nul", public_text.encode() + b"\0more\n"),
+             "holds a NUL byte"),
+        ]
+        for flag, path, words in cases:
+            with self.subTest(flag=flag, path=path):
+                unit_side = flag in ("--curve-secret", "--curve-allow")
+                c_flags = ([flag, path] if not unit_side or flag == "--curve-secret" else
+                           ["--curve-secret", key, flag, path])
+                if flag == "--curve-key":
+                    c_flags = ["--curve-server-key", pub, flag, path]
+                got_c = self.c_refusal(*c_flags)
+                with self.assertRaises(ValueError) as cm:
+                    if flag == "--curve-allow":
+                        ctlrpc.curve.read_allowlist(path)
+                    else:
+                        ctlrpc.curve.read_key(path, flag != "--curve-server-key")
+                self.assertEqual(str(cm.exception), got_c)
+                self.assertIn(path, got_c)
+                self.assertIn(words, got_c)
+        # The unit's own secret key listed as a client: both units refuse it, naming the file.
+        own = write("own", public_text + client_secret + "\n")
+        got_c = self.c_refusal("--curve-secret", ckey, "--curve-allow", own)
+        self.assertIn("allowlist %s: key #2 is the unit's own secret key" % own, got_c)
+        with self.assertRaises(ValueError) as cm:
+            ctlrpc.Server({}, "tcp://127.0.0.1:0", curve_secret=ckey, curve_allow=own)
+        self.assertIn("allowlist %s: key #2 is the unit's own secret key" % own,
+                      str(cm.exception))
+
     def test_secret_files_private(self):
         key, pub = self.py_keys("k")
         os.chmod(key, 0o640)

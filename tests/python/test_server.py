@@ -332,7 +332,8 @@ class TestMalformed(ServerCase):
         self.protocol(s, pack(["echo", "id", [[[[]]]]]), "args must be a map, not array")
         self.protocol(s, pack(["echo", "id", [1, 2]]), "args must be a map")
         self.protocol(s, pack(["echo", "id", "text"]), "args must be a map, not str")
-        self.protocol(s, pack(["echo", "id", {1: 2}]), "keys must be strings")
+        self.protocol(s, pack(["echo", "id", {1: 2}]), "op 'echo': arg names must be strings, "
+                      "not int")
         self.protocol(s, pack(["echo", "id"])[:0] + b"\x93\xa4echo\xa2id\xdd\xff\xff\xff\xff",
                       "container count exceeds the message size")
         self.protocol(s, b"\x93\xa4echo\xa2id\x81\xa1v\xdb\xff\xff\xff\xffab",
@@ -342,7 +343,7 @@ class TestMalformed(ServerCase):
         self.protocol(s, b"\x93\xa4echo\xa2id\xc1", "invalid byte")
         self.protocol(s, pack(["echo", "id", {}]) + b"\x00\x01", "2 trailing bytes")
         msg = self.protocol(s, pack(["nope\n", "id", {}]), "unknown op")
-        self.assertIn("nope\\n", msg)
+        self.assertIn("nope\\x0a", msg)  # as the C unit shows it
         self.protocol(s, pack(["nope", "id", [1]]), "unknown op 'nope'")
         self.assertEqual(self.call("echo", {"v": "still serving"}), "still serving")
         support.wait_for(lambda: self.server.stats()["replies"] == 14, "14 replies counted")
@@ -553,6 +554,81 @@ class TestThreads(ServerCase):
         self.assertLessEqual(st["sockets_opened"], 16)
         support.wait_for(lambda: self.server.stats()["replies"] == 4 * (per_thread + 3),
                          "every reply counted")
+
+
+class TestBounds(ServerCase):
+    """The bounds on hostile peers, as the C unit's (the hostile-peer suite runs the attacks)."""
+
+    def test_reply_bound(self):
+        """A result over max_reply_bytes is a Protocol error saying so; one within is sent."""
+        srv = self.serve(max_reply_bytes=1000)
+        try:
+            with self.assertRaises(ctlrpc.Transfer) as cm:
+                self.c.call(srv.endpoint, "echo", {"v": [b"x" * 100] * 50})
+            self.assertIn("larger than this unit's max_reply_bytes (1000 bytes", str(cm.exception))
+            self.assertEqual(self.c.call(srv.endpoint, "echo", {"v": b"x" * 900}), b"x" * 900)
+            self.assertEqual(srv.op_stats()["ops"]["echo"]["errors"]["Protocol"], 1)
+        finally:
+            srv.close()
+
+    def test_packed_size(self):
+        """packed_size counts what pack makes, and stops once past the limit."""
+        for v in (None, True, 1, -1, 300, -300, 1 << 40, 1.5, "", "a" * 40, "é" * 200,
+                  b"x" * 300, [1, [2, {"k": b"v"}]], {str(i): i for i in range(20)},
+                  ["s" * 70000, b"b" * 70000]):
+            self.assertEqual(_wire.packed_size(v, 1 << 30), len(_wire.pack(v)), repr(v)[:40])
+        self.assertGreater(_wire.packed_size([b"x" * 100] * 1000000, 1000), 1000)
+        self.assertIsNone(_wire.packed_size(object(), 1000))
+
+    def test_connection_cap(self):
+        """Connections over max_connections are refused (ZAP 500) and counted. Each extra
+        connection is made once the server has counted the one before (its monitor may lag a
+        handshake: a burst passes a cap by the connections not yet counted)."""
+        srv = self.serve(max_connections=2)
+        try:
+            clients = [ctlrpc.Client(timeout=CALL_S) for _ in range(2)]
+            for c in clients:
+                c.call(srv.endpoint, "echo", {"v": 1})
+            for n in range(2):
+                d = self.raw(server=srv)
+                d.setsockopt(zmq.RECONNECT_IVL, 60000)
+                support.wait_for(lambda: srv.stats()["accepted"] >= 3 + n,
+                                 "the server to count the connection", CALL_S)
+            support.wait_for(lambda: srv.stats()["conn_refused"] >= 1,
+                             "a connection over the cap refused and counted", CALL_S)
+            for c in clients:
+                c.close()
+        finally:
+            srv.close()
+
+    def test_set_allowlist(self):
+        """set_allowlist takes effect for new handshakes; bad lists leave the old one."""
+        if not ctlrpc.curve.available():
+            self.skipTest("no CURVE in this libzmq")
+        upub, usec = ctlrpc.curve.keypair()
+        apub, asec = ctlrpc.curve.keypair()
+        bpub, bsec = ctlrpc.curve.keypair()
+        srv = self.serve(curve_secret=usec, curve_allow=[apub])
+        try:
+            def call(sec):
+                with ctlrpc.Client(timeout=CALL_S, curve_server_key=upub,
+                                   curve_secret=sec) as c:
+                    return c.call(srv.endpoint, "echo", {"v": 7})
+            self.assertEqual(call(asec), 7)
+            with self.assertRaises(ctlrpc.Transfer):
+                call(bsec)
+            self.assertEqual(srv.set_allowlist([apub, bpub]), 2)
+            self.assertEqual(call(bsec), 7)
+            for bad, words in (([], "lists no keys"), ([usec], "the unit's own secret key"),
+                               (["nope"], "not a 40-character Z85 key")):
+                with self.assertRaises(ValueError) as cm:
+                    srv.set_allowlist(bad)
+                self.assertIn(words, str(cm.exception))
+            self.assertEqual(call(bsec), 7)  # the old list stays
+        finally:
+            srv.close()
+        with self.assertRaises(ValueError):
+            self.server.set_allowlist([apub])  # no allowlist to replace
 
 
 class TestWireUnits(unittest.TestCase):

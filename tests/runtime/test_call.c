@@ -427,25 +427,83 @@ static void test_format_id(void **state)
     (void)state;
     static const struct {
         uint64_t v;
+        int64_t deadline;
         const char *id;
     } cases[] = {
-        {0, "000000000000"},
-        {42, "00000000002a"},
-        {0xabcdef, "000000abcdef"},
-        {UINT64_C(0xffffffffffff), "ffffffffffff"},
-        {UINT64_C(0x1000000000000), "000000000000"}, /* the low 48 bits */
-        {UINT64_C(0x123456789abcdef0), "56789abcdef0"},
-        {UINT64_MAX, "ffffffffffff"},
+        {0, 0, "000000000000@0000000000000"},
+        {42, 1796169600123, "00000000002a@1796169600123"},
+        {0xabcdef, 5, "000000abcdef@0000000000005"},
+        {UINT64_C(0xffffffffffff), 1, "ffffffffffff@0000000000001"},
+        {UINT64_C(0x1000000000000), 2, "000000000000@0000000000002"}, /* the low 48 bits */
+        {UINT64_C(0x123456789abcdef0), 9999999999999, "56789abcdef0@9999999999999"},
+        {UINT64_MAX, INT64_MAX, "ffffffffffff@9999999999999"}, /* clamped */
+        {7, -5, "000000000007@0000000000000"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[CTL_ID_LEN + 2];
         memset(out, 'X', sizeof out);
-        ctl_call_format_id(cases[i].v, out);
+        ctl_call_format_id(cases[i].v, cases[i].deadline, out);
         assert_int_equal(out[CTL_ID_LEN], '\0');
         assert_int_equal(out[CTL_ID_LEN + 1], 'X'); /* nothing past the NUL */
         assert_string_equal(out, cases[i].id);
+        /* What it writes, a unit reads back. */
+        int64_t got = -1;
+        assert_int_equal(ctl_env_id_deadline((ctl_str){out, CTL_ID_LEN}, &got), 1);
+        assert_int_equal(got, cases[i].deadline < 0 ? 0
+                              : cases[i].deadline > 9999999999999 ? 9999999999999
+                                                                   : cases[i].deadline);
     }
-    assert_int_equal(CTL_ID_LEN, 12);
+    assert_int_equal(CTL_ID_UNIQUE_LEN, 12);
+    assert_int_equal(CTL_ID_LEN, 26);
+}
+
+/* The id parser a unit reads deadlines with (docs/PROTOCOL.md,
+ * "Deadlines"): the last '@', then 1 to 16 decimal digits and nothing
+ * else. */
+static void test_id_deadline(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *id;
+        int has;
+        int64_t deadline;
+    } cases[] = {
+        {"3f2a9c01b2d4e5f6@1796169600123", 1, 1796169600123},
+        {"abc@0", 1, 0},
+        {"@7", 1, 7},
+        {"a@b@12", 1, 12},                      /* the last '@' */
+        {"x@1234567890123456", 1, 1234567890123456}, /* 16 digits */
+        {"x@9999999999999999", 1, 9999999999999999},
+        {"x@0000000000000001", 1, 1},
+        {"x@12345678901234567", 0, 0},          /* 17 digits */
+        {"x@99999999999999999999", 0, 0},       /* would overflow */
+        {"12345678901234567", 0, 0},            /* no '@' */
+        {"0123456789ab", 0, 0},                 /* the reference's ids */
+        {"", 0, 0},
+        {"@", 0, 0},
+        {"abc@", 0, 0},
+        {"abc@12a", 0, 0},
+        {"abc@12 ", 0, 0},
+        {"abc@+12", 0, 0},
+        {"abc@-12", 0, 0},
+        {"abc@1@", 0, 0},
+        {"abc@12@x", 0, 0},
+        {"1796169600123", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t got = -1;
+        int has = ctl_env_id_deadline(ctl_str_c(cases[i].id), &got);
+        if (has != cases[i].has)
+            fail_msg("'%s': %d, expected %d", cases[i].id, has, cases[i].has);
+        if (has)
+            assert_int_equal(got, cases[i].deadline);
+        else
+            assert_int_equal(got, -1); /* untouched */
+    }
+    /* Bytes past the id's length are not read; a NUL inside is a byte. */
+    assert_int_equal(ctl_env_id_deadline((ctl_str){"a@12x", 4}, &(int64_t){0}), 1);
+    assert_int_equal(ctl_env_id_deadline((ctl_str){"a@1\0002", 5}, &(int64_t){0}), 0);
+    assert_int_equal(ctl_env_id_deadline((ctl_str){NULL, 0}, &(int64_t){0}), 0);
 }
 
 static void test_reply_copy_of(void **state)
@@ -533,6 +591,7 @@ int main(void)
         T(test_accept_frames),
         T(test_accept_other_id),
         cmocka_unit_test(test_format_id),
+        cmocka_unit_test(test_id_deadline),
         cmocka_unit_test(test_reply_copy_of),
         cmocka_unit_test(test_reply_new_release),
     };

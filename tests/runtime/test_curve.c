@@ -6,13 +6,16 @@
  * and is told so well before its deadline (CTL_CAUSE_AUTH), while the unit
  * keeps serving the others. Key files: written with the right modes, a secret
  * key readable by others refused, malformed keys refused with the file
- * named.
+ * named; the other half of a pair, links, files or directories others can
+ * write, NUL bytes, duplicate or secret allowlist entries refused, each
+ * with the file and the mistake named.
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,6 +265,174 @@ static void test_allowlist_file(void **state)
     assert_null(keys);
 }
 
+/* Write `len` bytes to `dir`/`name` with `mode`; the path into `path`. */
+static void put_file(const char *dir, const char *name, const char *text, size_t len,
+                     mode_t mode, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", dir, name);
+    unlink(path);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(text, 1, len, fp), len);
+    fclose(fp);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+/* Expect `rc` CTL_INVALID with a message holding `path` and `words`. */
+static void refused(int rc, const ctl_error *err, const char *path, const char *words)
+{
+    assert_int_equal(rc, CTL_INVALID);
+    if (!strstr(err->msg, path) || !strstr(err->msg, words))
+        fail_msg("expected '%s' and '%s' in: %s", path, words, err->msg);
+}
+
+/* The other half of a pair, a link, files others could write, a NUL byte:
+ * each refused with the file and the mistake named. */
+static void test_key_file_mistakes(void **state)
+{
+    fx *f = *state;
+    char prefix[128], sec[160], pub[160], path[192], link[192], key[CTL_CURVE_KEY_BUF];
+    snprintf(prefix, sizeof prefix, "%s/alice", f->dir);
+    assert_int_equal(ctl_curve_write_keypair(prefix, &f->err), 0);
+    snprintf(sec, sizeof sec, "%s.key", prefix);
+    snprintf(pub, sizeof pub, "%s.pub", prefix);
+
+    /* A public key where the secret is wanted: said so, not "chmod 600"
+     * (nor after a chmod 600 of the .pub). */
+    refused(ctl_curve_read_key(pub, true, key, &f->err), &f->err, pub,
+            "this is a public key; pass the .key file");
+    assert_null(strstr(f->err.msg, "chmod"));
+    assert_int_equal(chmod(pub, 0600), 0);
+    refused(ctl_curve_read_key(pub, true, key, &f->err), &f->err, pub,
+            "this is a public key; pass the .key file");
+    assert_int_equal(chmod(pub, 0644), 0);
+    /* The reverse: the secret key given as a peer's public key. */
+    refused(ctl_curve_read_key(sec, false, key, &f->err), &f->err, sec,
+            "this is a secret key; pass the .pub file");
+
+    /* A symbolic link. */
+    snprintf(link, sizeof link, "%s/link.key", f->dir);
+    assert_int_equal(symlink(sec, link), 0);
+    refused(ctl_curve_read_key(link, true, key, &f->err), &f->err, link, "symbolic link");
+
+    /* Writable by others, or in a directory others can write. */
+    assert_int_equal(chmod(pub, 0666), 0);
+    refused(ctl_curve_read_key(pub, false, key, &f->err), &f->err, pub,
+            "writable by others (mode 0666)");
+    assert_int_equal(chmod(pub, 0644), 0);
+    char open_dir[160];
+    snprintf(open_dir, sizeof open_dir, "%s/open", f->dir);
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    put_file(open_dir, "x.pub", f->bob_pub, strlen(f->bob_pub), 0644, path, sizeof path);
+    assert_int_equal(chmod(open_dir, 0777), 0);
+    refused(ctl_curve_read_key(path, false, key, &f->err), &f->err, path,
+            "in a directory that others can write");
+    assert_non_null(strstr(f->err.msg, "mode 0777"));
+    assert_int_equal(chmod(open_dir, 0700), 0);
+    assert_int_equal(ctl_curve_read_key(path, false, key, &f->err), 0);
+    assert_string_equal(key, f->bob_pub);
+
+    /* Text after a NUL byte is not ignored: the file is refused. */
+    char text[128];
+    int n = snprintf(text, sizeof text, "%s", f->bob_pub);
+    memcpy(text + n, "\0junk\n", 6);
+    put_file(f->dir, "nul.pub", text, (size_t)n + 6, 0644, path, sizeof path);
+    refused(ctl_curve_read_key(path, false, key, &f->err), &f->err, path,
+            "holds a NUL byte (at offset 40)");
+}
+
+static void test_allowlist_mistakes(void **state)
+{
+    fx *f = *state;
+    char text[512], path[192], link[192];
+    char(*keys)[CTL_CURVE_KEY_BUF] = NULL;
+    size_t n = 0;
+
+    /* A key listed twice: both lines named. */
+    int len = snprintf(text, sizeof text, "%s\n# bob\n%s\n%s\n", f->alice_pub, f->bob_pub,
+                       f->alice_pub);
+    put_file(f->dir, "dup.allow", text, (size_t)len, 0644, path, sizeof path);
+    refused(ctl_curve_read_allowlist(path, &keys, &n, &f->err), &f->err, path,
+            ":4: the key of line 1 again (a duplicate)");
+    assert_null(keys);
+
+    /* A secret key file pasted in. */
+    len = snprintf(text, sizeof text, "%s\n# ctlrpc CURVE secret key: keep private\n%s\n",
+                   f->alice_pub, f->bob_sec);
+    put_file(f->dir, "pasted.allow", text, (size_t)len, 0644, path, sizeof path);
+    refused(ctl_curve_read_allowlist(path, &keys, &n, &f->err), &f->err, path,
+            ":2: this is a secret key file's header");
+
+    /* Writable by others, a link, a NUL byte. */
+    len = snprintf(text, sizeof text, "%s\n", f->alice_pub);
+    put_file(f->dir, "ok.allow", text, (size_t)len, 0666, path, sizeof path);
+    refused(ctl_curve_read_allowlist(path, &keys, &n, &f->err), &f->err, path,
+            "allowlist");
+    assert_non_null(strstr(f->err.msg, "writable by others"));
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(ctl_curve_read_allowlist(path, &keys, &n, &f->err), 0);
+    assert_int_equal(n, 1);
+    free(keys);
+    snprintf(link, sizeof link, "%s/link.allow", f->dir);
+    assert_int_equal(symlink(path, link), 0);
+    refused(ctl_curve_read_allowlist(link, &keys, &n, &f->err), &f->err, link,
+            "is a symbolic link");
+    memcpy(text + len, "\0", 1);
+    put_file(f->dir, "nul.allow", text, (size_t)len + 1, 0644, path, sizeof path);
+    refused(ctl_curve_read_allowlist(path, &keys, &n, &f->err), &f->err, path,
+            "holds a NUL byte");
+
+    /* The unit's own secret key on its allowlist. */
+    ctl_server_options so;
+    ctl_server *s = NULL;
+    const char *allow[] = {f->alice_pub, f->unit_sec};
+    ctl_server_options_init(&so);
+    so.endpoint = "tcp://127.0.0.1:*";
+    so.curve_secret_key = f->unit_sec;
+    so.curve_allow = allow;
+    so.curve_allow_count = 2;
+    assert_int_equal(ctl_server_new(&(ctl_service){.name = "x"}, NULL, &so, &s, &f->err),
+                     CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "allowed client key #1 is the unit's own secret key"));
+    assert_null(s);
+}
+
+/* Refused handshakes of two kinds: each is logged with its own line (a
+ * client that retries one mistake does not hide the other), and a count of
+ * lines left out says what it counts. A plaintext client's refusal is seen
+ * by the unit only when its greeting arrives before its connection closes,
+ * so it is tried until seen (under a deadline). */
+static _Atomic int mechanism_lines, curve_lines, mixed_counts;
+
+static void count_lines(void *ctx, ctl_log_level level, const char *line)
+{
+    (void)ctx;
+    (void)level;
+    if (strstr(line, "refused a connection's handshake: the client's security mechanism"))
+        atomic_fetch_add(&mechanism_lines, 1);
+    else if (strstr(line, "refused a connection's handshake: CURVE authentication failed"))
+        atomic_fetch_add(&curve_lines, 1);
+    if (strstr(line, "more since the last line") ||
+        (strstr(line, " more ") && !strstr(line, "more like this since the last such line")))
+        atomic_fetch_add(&mixed_counts, 1);
+}
+
+static void test_refusals_logged_per_kind(void **state)
+{
+    fx *f = *state;
+    ctl_log_set_sink(count_lines, NULL); /* before the unit starts, as log.h asks */
+    start_unit(f, NULL, 0);
+    int64_t deadline = tu_now_ms() + LONG_MS;
+    while (atomic_load(&curve_lines) < 1 && tu_now_ms() < deadline)
+        expect_auth_failure(f, f->bob_pub, NULL, "wrong server key");
+    while (atomic_load(&mechanism_lines) < 1 && tu_now_ms() < deadline)
+        expect_auth_failure(f, NULL, NULL, "no server key");
+    ctl_log_set_sink(NULL, NULL);
+    assert_true(atomic_load(&curve_lines) >= 1);
+    assert_true(atomic_load(&mechanism_lines) >= 1);
+    assert_int_equal(atomic_load(&mixed_counts), 0);
+}
+
 int main(void)
 {
     if (!ctl_curve_available()) {
@@ -277,6 +448,9 @@ int main(void)
         T(test_bad_keys_refused),
         T(test_key_files),
         T(test_allowlist_file),
+        T(test_key_file_mistakes),
+        T(test_allowlist_mistakes),
+        T(test_refusals_logged_per_kind),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

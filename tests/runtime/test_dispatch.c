@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "testutil.h"
 #include "dispatch_int.h"
@@ -949,6 +950,95 @@ static void test_handler_runs_under_the_lock(void **state)
                                        &f->err), 0);
 }
 
+/* ---- deadlines in ids --------------------------------------------------- */
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Serve `op` with id "<unique>@<deadline>"; the verdict. */
+static ctl_verdict call_by(fx *f, const char *op, int64_t deadline)
+{
+    char id[64];
+    int n = snprintf(id, sizeof id, "0123456789ab@%lld", (long long)deadline);
+    pack_req(f, op, (ctl_str){id, (size_t)n});
+    return serve(f);
+}
+
+/* A request whose id's deadline passed more than the skew allowance ago is
+ * skipped: no handler, nothing sent, counted in `expired` (and its op's
+ * calls and dropped); one within the allowance, one in the future and one
+ * without a deadline run; built-ins are answered whatever their deadline;
+ * a negative allowance turns the check off. */
+static void test_expired_skipped(void **state)
+{
+    fx *f = *state;
+    int64_t now = wall_ms();
+    assert_int_equal(f->d.deadline_skew_ms, CTL_DEFAULT_DEADLINE_SKEW_MS);
+    assert_int_equal(CTL_DEFAULT_DEADLINE_SKEW_MS, 1000);
+    static const int64_t past[] = {1, 0}; /* 1970; "@0" */
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(call_by(f, "nothing", past[i]), CTL_DISPATCH_SILENT);
+        assert_int_equal(f->d.out.size, 0);
+    }
+    assert_int_equal(call_by(f, "nothing", now - 60000), CTL_DISPATCH_SILENT);
+    assert_int_equal(call_by(f, "nope", now - 60000), CTL_DISPATCH_SILENT); /* unknown op */
+    assert_int_equal(call_by(f, "note", now - 60000), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->st.calls, 0);
+    assert_int_equal(f->st.notes, 0);
+    assert_int_equal(counter(&f->d.counters.expired), 5);
+    assert_int_equal(counter(&f->d.counters.requests), 5);
+    assert_int_equal(counter(&f->d.counters.unknown_op), 1);
+    ctl_op_stats os = {0};
+    for (size_t i = 0; i < ctl_dispatch_op_count(&f->d); i++) {
+        ctl_dispatch_op_stats(&f->d, i, &os);
+        if (strcmp(os.name, "nothing") == 0)
+            break;
+    }
+    assert_string_equal(os.name, "nothing");
+    assert_int_equal(os.calls, 3);
+    assert_int_equal(os.dropped, 3);
+
+    /* Within the allowance (late by less than a second), in the future,
+     * without a deadline, or not a deadline at all: served. */
+    static const int64_t fine[] = {0, 60000, -200}; /* from now */
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(call_by(f, "nothing", wall_ms() + fine[i]), CTL_DISPATCH_REPLY);
+    static const ctl_str plain[] = {{"", 0}, {"0123456789ab", 12}, {"x@", 2},
+                                    {"x@12345678901234567", 19}, {"x@1a", 4}};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        pack_req(f, "nothing", plain[i]);
+        assert_int_equal(serve(f), CTL_DISPATCH_REPLY);
+    }
+    assert_int_equal(f->st.calls, 8);
+    assert_int_equal(counter(&f->d.counters.expired), 5);
+
+    /* Built-ins answer whatever their deadline. */
+    assert_int_equal(call_by(f, "_health", 1), CTL_DISPATCH_REPLY);
+    assert_int_equal(call_by(f, "_stats", 1), CTL_DISPATCH_REPLY);
+    assert_int_equal(counter(&f->d.counters.expired), 5);
+
+    /* A larger allowance lets an older deadline through. */
+    f->d.deadline_skew_ms = 120000;
+    assert_int_equal(call_by(f, "nothing", now - 60000), CTL_DISPATCH_REPLY);
+    assert_int_equal(call_by(f, "nothing", now - 240000), CTL_DISPATCH_SILENT);
+    /* Negative: no check at all. */
+    f->d.deadline_skew_ms = -1;
+    assert_int_equal(call_by(f, "nothing", 1), CTL_DISPATCH_REPLY);
+    assert_int_equal(call_by(f, "note", 1), CTL_DISPATCH_SILENT);
+    assert_int_equal(f->st.calls, 11);
+    assert_int_equal(f->st.notes, 1);
+    assert_int_equal(counter(&f->d.counters.expired), 6);
+    /* A draining core skips an expired request too (nothing to answer). */
+    f->d.deadline_skew_ms = 0;
+    f->d.draining = true;
+    assert_int_equal(call_by(f, "nothing", 1), CTL_DISPATCH_SILENT);
+    assert_int_equal(counter(&f->d.counters.expired), 7);
+}
+
 /* ---- counters -------------------------------------------------------- */
 
 static void test_counters(void **state)
@@ -995,6 +1085,7 @@ int main(void)
         T(test_hold_uses_transport_hook),
         T(test_handler_runs_under_the_lock),
         T(test_counters),
+        T(test_expired_skipped),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

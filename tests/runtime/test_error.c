@@ -937,6 +937,39 @@ static void test_error_copy_nomem_never_partial(void **state)
     ctl_error_fini(&src);
 }
 
+/* Every setter may be given pieces of the error it replaces: the new
+ * error is built before the old one is released (ASan sees any read of
+ * freed memory). */
+static void test_error_wraps_itself(void **state)
+{
+    (void)state;
+    ctl_error e;
+    ctl_error_init(&e);
+    ctl_error_set(&e, CTL_INVALID, "inner %d", 1);
+    ctl_error_set(&e, CTL_INVALID, "ctx: %s", e.msg);
+    assert_string_equal(e.msg, "ctx: inner 1");
+    ctl_error_transfer(&e, CTL_CAUSE_TIMEOUT, "call: %s", e.msg);
+    assert_string_equal(e.msg, "call: ctx: inner 1");
+    assert_int_equal(e.cause, CTL_CAUSE_TIMEOUT);
+    ctl_error_busy(&e, "pinned", "busy");
+    ctl_error_busy(&e, e.reason, "again: %s (%s)", e.msg, e.reason);
+    assert_string_equal(e.msg, "again: busy (pinned)");
+    assert_string_equal(e.reason, "pinned");
+    ctl_str ids[] = {{"b1", 2}, {"b2", 2}};
+    ctl_error_missing(&e, ids, 2, "missing");
+    ctl_error_missing(&e, e.blobs, e.blob_count, "%s: %s", e.msg, e.blobs[1].ptr);
+    assert_string_equal(e.msg, "missing: b2");
+    assert_int_equal(e.blob_count, 2);
+    assert_string_equal(e.blobs[0].ptr, "b1");
+    ctl_error_declared(&e, "NotFound", 7, "gone", "decl");
+    ctl_error_declared(&e, e.remote_kind, e.code, e.reason, "%s/%s", e.msg, e.remote_kind);
+    assert_string_equal(e.msg, "decl/NotFound");
+    assert_string_equal(e.remote_kind, "NotFound");
+    assert_string_equal(e.reason, "gone");
+    assert_int_equal(e.code, 7);
+    ctl_error_fini(&e);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -967,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_error_copy_every_field),
         cmocka_unit_test(test_error_busy_missing_keep_kind),
         cmocka_unit_test(test_error_copy_nomem_never_partial),
+        cmocka_unit_test(test_error_wraps_itself),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

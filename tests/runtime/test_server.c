@@ -441,6 +441,45 @@ static void test_results_nil_and_arena(void **state)
         assert_int_equal((unsigned char)f->rep.body.via.bin.ptr[i], i & 0xff);
 }
 
+/* A unit with max_reply_bytes: a hand-written handler's reply over it is
+ * refused with a Protocol error that says so (its packing stops at the
+ * bound), one under it is served, and the unit goes on. */
+static void test_reply_bound(void **state)
+{
+    fx *f = *state;
+    ctl_server_options so;
+    ctl_server_options_init(&so);
+    so.max_reply_bytes = 64 * 1024;
+    tu_unit u;
+    assert_int_equal(tu_unit_start(&u, &so, &f->err), 0);
+    void *d = tu_raw_connect(f->ctx, ZMQ_DEALER, u.endpoint);
+    assert_non_null(d);
+    const int sizes[] = {100 * 1024, 1000, 64 * 1024, 60 * 1024};
+    const bool fits[] = {false, true, false, true};
+    for (size_t i = 0; i < 4; i++) {
+        tu_buf_reset(&f->args);
+        msgpack_pack_map(&f->args.pk, 1);
+        tu_pk_str(&f->args.pk, "n");
+        msgpack_pack_int(&f->args.pk, sizes[i]);
+        tu_buf_reset(&f->req);
+        tu_pack_request(&f->req, "alloc", "b1", 2, f->args.sb.data, f->args.sb.size);
+        assert_int_equal(tu_raw_send(d, f->req.sb.data, f->req.sb.size), 0);
+        tu_rx_free(&f->rx);
+        msgpack_zone_clear(&f->zone);
+        assert_int_equal(tu_raw_recv(d, REPLY_MS, &f->rx), 0);
+        assert_int_equal(tu_parse_reply(f->rx.frame[0], f->rx.len[0], &f->zone, &f->rep), 0);
+        if (fits[i]) {
+            assert_true(f->rep.ok);
+            assert_int_equal(f->rep.body.via.bin.size, sizes[i]);
+        } else {
+            assert_protocol_error(&f->rep, "op 'alloc': the reply is larger than this unit's "
+                                           "max_reply_bytes (65536 bytes)");
+        }
+    }
+    zmq_close(d);
+    tu_unit_stop(&u);
+}
+
 /* ---- notify ops ------------------------------------------------------------------ */
 
 static void test_notify_sends_nothing(void **state)
@@ -931,6 +970,7 @@ int main(void)
         T(test_bad_args_not_map),
         T(test_error_maps_on_the_wire),
         T(test_results_nil_and_arena),
+        T(test_reply_bound),
         T(test_notify_sends_nothing),
         T(test_failing_notify_sends_nothing),
         T(test_handlers_run_under_the_lock),

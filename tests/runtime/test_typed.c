@@ -319,6 +319,62 @@ static void test_recursive_values_round_trip(void **state)
     assert_int_equal(back.kids.items[1].kids.count, 0);
 }
 
+/* ctl_type_packed_size says exactly what ctl_type_pack writes: every
+ * integer width and sign, str and bin headers at their edges, nested
+ * records, optionals, lists and a map header of 70 fields. */
+static size_t packed_len(fx *f, const ctl_type *t, const void *v)
+{
+    msgpack_sbuffer_clear(&f->sb);
+    assert_int_equal(ctl_type_pack(&f->pk, t, v), 0);
+    return f->sb.size;
+}
+
+static void test_packed_size_is_exact(void **state)
+{
+    fx *f = *state;
+    static const int64_t i64s[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 4294967295LL,
+                                   4294967296LL, INT64_MAX, -1, -32, -33, -128, -129,
+                                   -32768, -32769, INT32_MIN, (int64_t)INT32_MIN - 1,
+                                   INT64_MIN};
+    for (size_t i = 0; i < sizeof i64s / sizeof i64s[0]; i++) {
+        assert_int_equal(ctl_type_packed_size(&ctl_type_i64, &i64s[i]),
+                         packed_len(f, &ctl_type_i64, &i64s[i]));
+        int32_t v32 = (int32_t)i64s[i];
+        assert_int_equal(ctl_type_packed_size(&ctl_type_i32, &v32),
+                         packed_len(f, &ctl_type_i32, &v32));
+        uint64_t u = (uint64_t)i64s[i];
+        assert_int_equal(ctl_type_packed_size(&ctl_type_u64, &u),
+                         packed_len(f, &ctl_type_u64, &u));
+        uint32_t u32 = (uint32_t)u;
+        assert_int_equal(ctl_type_packed_size(&ctl_type_u32, &u32),
+                         packed_len(f, &ctl_type_u32, &u32));
+    }
+    double d = 0.5;
+    bool b = true;
+    assert_int_equal(ctl_type_packed_size(&ctl_type_f64, &d), packed_len(f, &ctl_type_f64, &d));
+    assert_int_equal(ctl_type_packed_size(&ctl_type_bool, &b), packed_len(f, &ctl_type_bool, &b));
+    static char bytes[70000];
+    static const size_t lens[] = {0, 1, 31, 32, 255, 256, 65535, 65536, 70000};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        ctl_str v = {bytes, lens[i]};
+        assert_int_equal(ctl_type_packed_size(&ctl_type_str, &v),
+                         packed_len(f, &ctl_type_str, &v));
+        assert_int_equal(ctl_type_packed_size(&ctl_type_bin, &v),
+                         packed_len(f, &ctl_type_bin, &v));
+    }
+    node leaf = {.id = -5};
+    node kids[2] = {{.id = 1}, {.id = 2, .next = &leaf}};
+    node root = {.id = INT64_MIN, .next = &leaf, .kids = {.items = kids, .count = 2}};
+    assert_int_equal(ctl_type_packed_size(&node_type, &root), packed_len(f, &node_type, &root));
+    wide w;
+    wide_init();
+    for (size_t i = 0; i < WIDE; i++)
+        w.v[i] = (uint32_t)(i * 1000003u);
+    assert_int_equal(ctl_type_packed_size(&wide_type, &w), packed_len(f, &wide_type, &w));
+    knobs k = knobs_defaults;
+    assert_int_equal(ctl_type_packed_size(&knobs_args, &k), packed_len(f, &knobs_args, &k));
+}
+
 static void test_failure_paths_name_the_spot(void **state)
 {
     fx *f = *state;
@@ -364,6 +420,7 @@ int main(void)
         T(test_args_defaults_not_sent),
         T(test_args_refuse_unknown_and_non_string_keys),
         T(test_recursive_values_round_trip),
+        T(test_packed_size_is_exact),
         T(test_failure_paths_name_the_spot),
     };
 #undef T

@@ -15,6 +15,7 @@
 
 #include <float.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -282,6 +283,35 @@ static void test_check_counts_items(void **state)
 }
 
 /* ---- hostile input -------------------------------------------------------- */
+
+/* A depth0 near UINT_MAX must not wrap the depth sum (and so write past
+ * the scan's stack): any container there is too deep. */
+static void test_check_depth0_near_uint_max(void **state)
+{
+    (void)state;
+    ctl_limits lim = {0, 0, 0};
+    /* 40 nested arrays: past the stack of 32 if the check wrapped. */
+    unsigned char nested[41];
+    memset(nested, 0x91, 40);
+    nested[40] = 0x01;
+    size_t used = 0;
+    const unsigned d0s[] = {UINT_MAX, UINT_MAX - 1, UINT_MAX - 31, UINT_MAX - 32,
+                            CTL_DEFAULT_MAX_DEPTH, CTL_DEFAULT_MAX_DEPTH + 1};
+    for (size_t i = 0; i < sizeof d0s / sizeof d0s[0]; i++) {
+        assert_int_equal(ctl_wire_check(nested, sizeof nested, &lim, d0s[i], NULL, &used),
+                         CTL_WIRE_TOO_DEEP);
+        /* A scalar has no depth: it passes at any level. */
+        assert_int_equal(ctl_wire_check(nested + 40, 1, &lim, d0s[i], NULL, &used),
+                         CTL_WIRE_OK);
+    }
+    /* The deepest level allowed still works. */
+    assert_int_equal(ctl_wire_check(nested + 39, 2, &lim, CTL_DEFAULT_MAX_DEPTH - 1, NULL,
+                                    &used),
+                     CTL_WIRE_OK);
+    assert_int_equal(ctl_wire_check(nested + 38, 3, &lim, CTL_DEFAULT_MAX_DEPTH - 1, NULL,
+                                    &used),
+                     CTL_WIRE_TOO_DEEP);
+}
 
 static void test_check_c1_bad_byte(void **state)
 {
@@ -1040,6 +1070,7 @@ int main(void)
         T(test_check_every_prefix_truncated),
         T(test_check_ext_types),
         T(test_check_counts_items),
+        cmocka_unit_test(test_check_depth0_near_uint_max),
         cmocka_unit_test(test_check_c1_bad_byte),
         cmocka_unit_test(test_check_huge_headers),
         cmocka_unit_test(test_check_depth),

@@ -31,6 +31,10 @@ import tempfile
 import time
 import unittest
 
+# The Python tests' helpers (no ctlrpc import): one have_ipv6_loopback for every suite.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import support  # noqa: E402
+
 UNIT = None
 CLI = None
 START_S = 20      # a unit must print its endpoint within this
@@ -42,8 +46,8 @@ EXIT = {"ok": 0, "local": 1, "usage": 2, "UnitFull": 3, "Busy": 4,
 class Unit:
     """One ctl-storage-unit process."""
 
-    def __init__(self, capacity="64M", spill_dir=None, extra=()):
-        args = UNIT + ["--bind", "tcp://127.0.0.1:0", "--capacity", capacity]
+    def __init__(self, capacity="64M", spill_dir=None, extra=(), bind="tcp://127.0.0.1:0"):
+        args = UNIT + ["--bind", bind, "--capacity", capacity]
         if spill_dir:
             args += ["--spill-dir", spill_dir]
         args += list(extra)
@@ -194,6 +198,9 @@ class TestUsage(CliCase):
         self.usage(*a, "--timeout", "inf", "stats", expect="--timeout")
         self.usage(*a, "--timeout", "5m", "stats", expect="--timeout")
         self.usage(*a, "--bogus", "stats", expect="usage:")
+        self.usage(*a, "--retries", "x", "stats", expect="--retries 'x'")
+        self.usage(*a, "--retries", "-1", "stats", expect="--retries '-1'")
+        self.usage(*a, "--retries", "101", "stats", expect="--retries '101'")
         self.usage(*a, "put", expect="usage: put")
         self.usage(*a, "put", "k", expect="usage: put")
         self.usage(*a, "put", "k", "f", "extra", expect="usage: put")
@@ -246,6 +253,31 @@ class TestUsage(CliCase):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_S)
         self.assertEqual(p.returncode, 1)
         self.assertIn(b"spill directory", p.stderr)
+
+
+class TestStartAndAddresses(CliCase):
+    """Mistakes of the command line said before anything else is printed, and a bind address
+    that cannot work named for what it is."""
+
+    def test_address_without_scheme(self):
+        for cmd in (["stats"], ["list"], ["get", "k"]):
+            r = cli(*cmd, addresses=["127.0.0.1:1"])
+            self.assertEqual(r.status, EXIT["usage"], (cmd, r.err))
+            self.assertEqual(r.out, b"", cmd)  # no table header before the error
+            self.assertIn("ctl-storage: --address: endpoint '127.0.0.1:1' is not "
+                          "tcp://host:port", r.err)
+        r = cli("stats", addresses=["tcp://127.0.0.1:1", "127.0.0.1:2"])
+        self.assertEqual((r.status, r.out), (EXIT["usage"], b""), r.err)
+        self.assertIn("'127.0.0.1:2'", r.err)
+
+    def test_bind_host_that_does_not_resolve(self):
+        r = subprocess.run(UNIT + ["--bind", "tcp://nosuchhost.invalid:4100"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        err = r.stderr.decode()
+        self.assertIn("cannot bind tcp://nosuchhost.invalid:4100: host 'nosuchhost.invalid' "
+                      "does not resolve", err)
+        self.assertNotIn("No such device", err)
 
 
 class TestCommands(CliCase):
@@ -379,7 +411,7 @@ class TestCommands(CliCase):
 
     def test_list_pages_through(self):
         # More keys than one page (1000): the CLI asks again after the last
-        # key it got until a page comes back short, and prints them all.
+        # key it got until a page comes back empty, and prints them all.
         u = self.u
         keys = ["k%05d" % i for i in range(2500)] + ["other"]
         self.put_raw(u, keys)
@@ -388,6 +420,18 @@ class TestCommands(CliCase):
         self.assertEqual(got, [{"address": u.address, "keys": sorted(keys)}])
         # Exactly a page's worth: the last page is empty.
         self.assertEqual(len(self.run_ok(u, "list", "--prefix", "k01").text.splitlines()), 1000)
+
+    def test_list_unit_pages_smaller(self):
+        # A unit whose page limit (--max-list-keys 7) is below the CLI's
+        # page of 1000 answers every page short: a short page is not the
+        # end, only an empty one is, so no key is lost.
+        u = self.unit(extra=["--max-list-keys", "7"])
+        keys = ["k%03d" % i for i in range(30)]
+        self.put_raw(u, keys)
+        self.assertEqual(self.run_ok(u, "list").text.splitlines(), keys)
+        r = self.run_ok(u, "--verbose", "list", "--prefix", "k00")
+        self.assertEqual(r.text.splitlines(), keys[:10])
+        self.assertIn("listed in 2 pages", r.err)
 
     def test_list(self):
         u = self.u
@@ -455,6 +499,23 @@ class TestCommands(CliCase):
         self.assertEqual((e["kind"], e["reason"]), ("Busy", "pinned"))
         self.assertNotIn("blobs", e)
         self.assertEqual(self.run_ok(u, "get", "p").out, b"first")
+
+    def test_retries(self):
+        u = self.u
+        self.run_ok(u, "put", "r", "-", "--pin", stdin=b"first")
+        # Busy is retried only with --retry-busy; the message counts.
+        r = self.run_fail(u, EXIT["Busy"], "--retries", "2", "put", "r", "-",
+                          stdin=b"second")
+        self.assertNotIn("attempts", r.err)
+        r = self.run_fail(u, EXIT["Busy"], "--retries", "2", "--retry-busy",
+                          "put", "r", "-", stdin=b"second")
+        self.assertIn("(after 3 attempts)", r.err)
+        # Refused: nothing was sent, so any op goes again.
+        r = cli("--retries", "1", "--timeout", "20s", "stats",
+                addresses=[dead_address()])
+        self.assertEqual(r.status, EXIT["unreachable"], r.err)
+        self.assertIn("nothing was sent (after 2 attempts)", r.text + r.err)
+        self.assertIn("--retries N", cli("--help").text)
 
     def test_local_failures(self):
         u = self.u
@@ -617,6 +678,54 @@ class TestFanOut(CliCase):
         self.assertIn("host 'nosuchhost.invalid' does not resolve", r.text + r.err)
 
 
+class TestIPv6(CliCase):
+    """A unit bound to tcp://[::1]:0 prints its IPv6 endpoint, and
+    ctl-storage calls it there (skipped: no ::1 where the machine has no
+    IPv6 loopback)."""
+
+    def test_unit_and_cli_on_ipv6_loopback(self):
+        if not support.have_ipv6_loopback():
+            self.skipTest("skipped: no ::1")
+        if any(w.endswith("unit.py") for w in UNIT):
+            self.skipTest("the C unit's test (the Python unit has tests of its own)")
+        u = self.unit(bind="tcp://[::1]:0")
+        self.assertRegex(u.address, r"^tcp://\[::1\]:[1-9][0-9]*$")
+        r = self.run_ok(u, "put", "v6", "-", stdin=b"over IPv6")
+        self.assertEqual(r.text, "stored 9 bytes under 'v6'\n")
+        self.assertEqual(self.run_ok(u, "get", "v6").out, b"over IPv6")
+        stats = self.run_ok(u, "--json", "stats").json()
+        self.assertIn(u.address, json.dumps(stats))
+
+
+class TestReplyBound(CliCase):
+    """--max-reply-bytes: a get whose reply would be larger is refused with
+    a Protocol error that says so, before its reply is built; smaller ones
+    are served."""
+
+    def test_get_over_the_bound(self):
+        if any(w.endswith("unit.py") for w in UNIT):
+            self.skipTest("the C unit's flag")
+        u = self.unit(extra=["--max-reply-bytes", "64K"])
+        blob = b"x" * 40000
+        self.run_ok(u, "put", "big", "-", stdin=blob)
+        self.assertEqual(self.run_ok(u, "get", "big").out, blob)
+        r = cli("get", "big", "big", addresses=[u.address])
+        self.assertEqual(r.status, EXIT["Transfer"], r.err)
+        self.assertIn("op 'get': the reply would be larger than this unit's max_reply_bytes "
+                      "(65536 bytes", r.err)
+        self.assertEqual(r.out, b"")
+        # The unit goes on serving.
+        self.assertEqual(self.run_ok(u, "get", "big").out, blob)
+
+    def test_bad_value(self):
+        if any(w.endswith("unit.py") for w in UNIT):
+            self.skipTest("the C unit's flag")
+        p = subprocess.run(UNIT + ["--max-reply-bytes", "lots"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(b"--max-reply-bytes 'lots' is not a positive size", p.stderr)
+
+
 class TestCurve(CliCase):
     """CURVE: key generation, encrypted and authenticated calls, strangers
     refused (they get nothing: a timeout), secret key files kept private."""
@@ -670,6 +779,68 @@ class TestCurve(CliCase):
         r = cli("keygen", key[:-4])
         self.assertEqual(r.status, EXIT["local"])
         self.assertIn("cannot create", r.err)
+
+
+class TestKeyFileMistakes(CliCase):
+    """The other half of a key pair, the unit's secret key on its allowlist, an allowlist
+    others could rewrite: refused at start, naming the file and the mistake."""
+
+    def keys(self, name):
+        prefix = os.path.join(self.tmp, name)
+        r = subprocess.run(UNIT + ["--gen-keys", prefix], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return prefix + ".key", prefix + ".pub"
+
+    def unit_refuses(self, *flags):
+        r = subprocess.run(UNIT + ["--bind", "tcp://127.0.0.1:0", *flags],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_S)
+        self.assertEqual((r.returncode, r.stdout), (2, b""), r.stderr)
+        return r.stderr.decode()
+
+    def test_unit(self):
+        key, pub = self.keys("unit")
+        _, client_pub = self.keys("client")
+        err = self.unit_refuses("--curve-secret", pub)
+        self.assertIn("key file %s: this is a public key; pass the .key file" % pub, err)
+        self.assertNotIn("chmod", err)
+        with open(key) as f:
+            secret_file = f.read()
+        secret = [x for x in secret_file.split("\n") if x and x[0] != "#"][0]
+        with open(client_pub) as f:
+            listed = f.read()
+        own = self.file("own.allow", (listed + secret + "\n").encode())
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", own)
+        self.assertIn("allowlist %s: key #2 is the unit's own secret key" % own, err)
+        pasted = self.file("pasted.allow", (listed + secret_file).encode())
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", pasted)
+        self.assertIn("allowlist %s:3: this is a secret key file's header" % pasted, err)
+        dup = self.file("dup.allow", (listed + listed).encode())
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", dup)
+        self.assertIn("allowlist %s:4: the key of line 2 again (a duplicate)" % dup, err)
+        ww = self.file("ww.allow", listed.encode())
+        os.chmod(ww, 0o666)
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", ww)
+        self.assertIn("allowlist %s is writable by others (mode 0666)" % ww, err)
+        link = os.path.join(self.tmp, "link.allow")
+        os.symlink(dup, link)
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", link)
+        self.assertIn("allowlist %s is a symbolic link" % link, err)
+        nul = self.file("nul.allow", listed.encode() + b"\0" + secret.encode())
+        err = self.unit_refuses("--curve-secret", key, "--curve-allow", nul)
+        self.assertIn("allowlist %s holds a NUL byte (at offset %d)" % (nul, len(listed)), err)
+
+    def test_client(self):
+        key, pub = self.keys("unit")
+        ckey, cpub = self.keys("client")
+        for flags, words in (
+                (["--curve-server-key", key], "key file %s: this is a secret key; pass the "
+                 ".pub file" % key),
+                (["--curve-server-key", pub, "--curve-key", cpub],
+                 "key file %s: this is a public key; pass the .key file" % cpub)):
+            r = cli(*flags, "stats", addresses=["tcp://127.0.0.1:1"])
+            self.assertEqual((r.status, r.out), (EXIT["usage"], b""), r.err)
+            self.assertIn("ctl-storage: " + words, r.err)
 
 
 def main():

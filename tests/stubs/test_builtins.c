@@ -358,6 +358,19 @@ static const msgpack_object *op_of(const msgpack_object *stats, const char *name
     return o;
 }
 
+/* Wait (bounded) until the unit's monitor thread has counted at least
+ * `want` open connections: the counters it writes (connections,
+ * disconnects, accept and handshake failures) move a moment after the
+ * event, on its thread. */
+static void wait_connections(const ctl_server *s, uint64_t want)
+{
+    ctl_server_stats st;
+    int64_t until = tu_now_ms() + CALL_MS;
+    while (ctl_server_stats_get(s, &st), st.connections < want && tu_now_ms() < until)
+        tu_sleep_ms(2);
+    assert_true(st.connections >= want);
+}
+
 static void test_stats(void **state)
 {
     fx *f = *state;
@@ -392,6 +405,9 @@ static void test_stats(void **state)
     zmq_close(dealer);
     zmq_ctx_term(ctx);
 
+    /* "connections" is written by the unit's monitor thread, a moment after
+     * the connection: wait for it (the client's connection stays open). */
+    wait_connections(f->server, 1);
     const msgpack_object *s = call(f, f->address, "_stats");
     assert_non_null(s);
     assert_int_equal(s->via.map.size, 4);
@@ -430,7 +446,7 @@ static void test_stats(void **state)
     assert_int_equal(u64_at(op_of(s, "_describe"), "calls"), 0);
 
     const msgpack_object *tot = tu_obj_get(s, "totals");
-    assert_int_equal(tot->via.map.size, 14);
+    assert_int_equal(tot->via.map.size, 16);
     assert_int_equal(u64_at(tot, "requests"), 10);
     assert_int_equal(u64_at(tot, "replies"), 9);
     assert_int_equal(u64_at(tot, "unknown_op"), 1);
@@ -440,6 +456,8 @@ static void test_stats(void **state)
     assert_int_equal(u64_at(tot, "auth_denied"), 0);
     assert_int_equal(u64_at(tot, "accept_failures"), 0);
     assert_int_equal(u64_at(tot, "handshake_failures"), 0);
+    assert_int_equal(u64_at(tot, "conn_refused"), 0);
+    assert_int_equal(u64_at(tot, "expired"), 0); /* every id here carries a live deadline */
     assert_true(u64_at(tot, "connections") >= 1);
     const msgpack_object *te = tu_obj_get(tot, "errors");
     assert_int_equal(u64_at(te, "Protocol"), 2);
@@ -543,6 +561,8 @@ static void test_curve_allowlist_governs_builtins(void **state)
     assert_int_equal(ctl_client_call(listed, ctl_server_endpoint(s), "_stats", "\x80", 1,
                                      CALL_MS, &reply, &f->err),
                      0);
+    /* auth_denied is written by the ZAP handler's thread before it answers
+     * the handshake, so the refusal above is counted by now. */
     const msgpack_object *tot = tu_obj_get(ctl_reply_result(reply), "totals");
     assert_true(u64_at(tot, "auth_denied") >= 1);
     ctl_reply_destroy(&reply);
@@ -615,6 +635,52 @@ static void test_log_lines_and_levels(void **state)
     regfree(&re);
 }
 
+/* A sink that logs through ctl_log itself, and replaces itself: neither
+ * deadlocks (the nested line goes to stderr), bounded by a deadline. */
+static atomic_int reentrant_calls;
+
+static void reentrant_sink(void *ctx, ctl_log_level level, const char *line)
+{
+    (void)level;
+    (void)line;
+    atomic_fetch_add(&reentrant_calls, 1);
+    ctl_log(CTL_LOG_WARN, "test", "logged from inside the sink (goes to stderr)");
+    ctl_log_set_sink(collect, ctx);
+}
+
+static void *log_twice(void *arg)
+{
+    atomic_int *done = arg;
+    ctl_log(CTL_LOG_WARN, "test", "first");
+    ctl_log(CTL_LOG_WARN, "test", "second");
+    atomic_store(done, 1);
+    return NULL;
+}
+
+static void test_log_sink_may_log(void **state)
+{
+    (void)state;
+    static lines got = {PTHREAD_MUTEX_INITIALIZER, ""};
+    static atomic_int done;
+    atomic_store(&done, 0);
+    ctl_log_set_sink(reentrant_sink, &got);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, log_twice, &done), 0);
+    int64_t until = tu_now_ms() + 5000;
+    while (!atomic_load(&done) && tu_now_ms() < until)
+        tu_sleep_ms(5);
+    if (!atomic_load(&done))
+        fail_msg("a sink that logs deadlocked ctl_log");
+    pthread_join(th, NULL);
+    ctl_log_set_sink(NULL, NULL);
+    assert_int_equal(atomic_load(&reentrant_calls), 1);
+    pthread_mutex_lock(&got.mu);
+    assert_non_null(strstr(got.text, "warn test: second"));
+    assert_null(strstr(got.text, "first"));
+    assert_null(strstr(got.text, "inside the sink"));
+    pthread_mutex_unlock(&got.mu);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -627,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_latency_buckets),
         T(test_curve_allowlist_governs_builtins),
         cmocka_unit_test(test_log_lines_and_levels),
+        cmocka_unit_test(test_log_sink_may_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

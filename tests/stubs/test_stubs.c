@@ -26,6 +26,15 @@
  * messages are checked whole. One refusal, one bad result and two bad
  * notifies still make the trip over TCP (test_bad_input_over_tcp).
  *
+ * The asynchronous stubs (<op>_start, <op>_many_start) run on
+ * tests/pygen/matrix.idl, whose declared error kinds everything.idl lacks:
+ * each fan-out goes to answering units, a refusing one, a dead address and
+ * a silent unit, blocking and asynchronous at once (completions queued for
+ * ctl_client_process, and on the I/O thread), and the three outcome arrays
+ * must match record for record. A large result read after its callback
+ * has returned (the handle kept), and args freed as soon as the start
+ * returns, are there for ASan.
+ *
  * Handlers run on the unit's thread (or, for the core tests, on the test's
  * own): they only record into atomics or under a mutex; every assertion
  * runs on the test's thread.
@@ -38,6 +47,7 @@
 #include <cmocka.h>
 
 #include <float.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -47,6 +57,7 @@
 
 #include "defaults.ctl.h"
 #include "everything.ctl.h"
+#include "matrix_values.h" /* tests/pygen: matrix.ctl.h and its values */
 #include "storage.ctl.h"
 #include "testutil.h"
 
@@ -2397,6 +2408,50 @@ static const ctl_op_desc *op_desc(const ctl_service *svc, const char *name)
     return NULL;
 }
 
+/* The op flags the IDL gives: CTL_OP_NOREPLY for a notify op,
+ * CTL_OP_IDEMPOTENT for an op declared `idempotent`, in both the service's
+ * op table (what a unit dispatches on) and the op's descriptor (what a
+ * client calls with); nothing for the other ops. */
+static void test_op_flags_from_the_idl(void **state)
+{
+    (void)state;
+    static const struct {
+        const ctl_service *svc;
+        const char *op;
+        unsigned flags;
+    } want[] = {
+        {&storage_service, "put", 0},
+        {&storage_service, "get", CTL_OP_IDEMPOTENT},
+        {&storage_service, "describe", CTL_OP_IDEMPOTENT},
+        {&storage_service, "pin", CTL_OP_IDEMPOTENT},
+        {&storage_service, "unpin", CTL_OP_NOREPLY},
+        {&storage_service, "abort", CTL_OP_NOREPLY},
+        {&storage_service, "delete", 0},
+        {&storage_service, "list", CTL_OP_IDEMPOTENT},
+        {&storage_service, "stats", CTL_OP_IDEMPOTENT},
+        {&everything_service, "echo", 0},
+        {&everything_service, "find", CTL_OP_IDEMPOTENT},
+        {&everything_service, "counters", CTL_OP_IDEMPOTENT},
+        {&everything_service, "forget", CTL_OP_NOREPLY},
+        {&everything_service, "poke", CTL_OP_NOREPLY},
+    };
+    size_t storage_ops = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const ctl_service *svc = want[i].svc;
+        const ctl_op *op = NULL;
+        for (size_t k = 0; k < svc->op_count; k++)
+            if (strcmp(svc->ops[k].name, want[i].op) == 0)
+                op = &svc->ops[k];
+        if (op == NULL)
+            fail_msg("service %s has no op %s", svc->name, want[i].op);
+        if (op->flags != want[i].flags || op->desc->flags != want[i].flags)
+            fail_msg("%s.%s: table flags %#x, descriptor flags %#x, want %#x", svc->name,
+                     want[i].op, op->flags, op->desc->flags, want[i].flags);
+        storage_ops += svc == &storage_service;
+    }
+    assert_int_equal(storage_ops, storage_service.op_count); /* every one judged */
+}
+
 /* `op` with the args map in f->args, through everything's core. */
 static ctl_verdict core_call(fx *f, const char *op)
 {
@@ -3517,11 +3572,744 @@ static void test_core_storage_bad_args(void **state)
     assert_int_equal(atomic_load(&f->store.requests), 1);
 }
 
+/* ---- typed asynchronous calls (tests/pygen/matrix.idl) ----------------- */
+/*
+ * The generated _start and _many_start stubs against the blocking ones, on
+ * matrix.idl: records, lists, maps, optionals and declared error kinds
+ * (its values from matrix_values.h). The units run in this process: a
+ * matrix unit (mx_unit) answers as tests/pygen/matrix_unit.c does, except
+ * the one told to refuse, which fails every op (fail with its declared kind
+ * Stale, the ops that declare none with Protocol); beside them, an address
+ * where nothing listens and a unit that takes requests and never answers
+ * (a tu_fake that stays silent).
+ *
+ * Each fan-out runs three ways at once under one deadline: the blocking
+ * <op>_many, and <op>_many_start on a client that queues completions for
+ * ctl_client_process and on one that runs them on its I/O thread. The
+ * three outcome arrays must be the same, record for record: error kind,
+ * cause, code, reason, message, and the typed result (compared as the
+ * bytes it packs to). The callbacks only note where the call's outcomes
+ * are; they are read after the callback, while the handle is kept (the
+ * generated header's "Lifetimes"), which ASan checks.
+ */
+
+#define MX_TARGETS 5     /* three units, a dead address, a silent unit */
+#define MX_REFUSING 2    /* the unit that fails every op */
+#define MX_DEAD 3
+#define MX_SILENT 4
+#define FANOUT_MS 2000   /* the fan-outs' deadline (the silent unit's end) */
+
+typedef struct mx_unit {
+    matrix_handlers h;
+    ctl_server *server;
+    char addr[CTL_ENDPOINT_MAX];
+    bool refuse;      /* set before it serves */
+    atomic_int calls; /* handler entries */
+} mx_unit;
+
+static matrix_echo_handler mx_echo;
+static matrix_grow_handler mx_grow;
+static matrix_describe_handler mx_describe;
+static matrix_sum_handler mx_sum;
+static matrix_repeat_handler mx_repeat;
+static matrix_find_handler mx_find;
+static matrix_fail_handler mx_fail;
+static matrix_remember_handler mx_remember;
+static matrix_remembered_handler mx_remembered;
+static matrix_ping_handler mx_ping;
+
+/* 1 when the unit refuses, having failed the request as Protocol. */
+static int mx_refused(void *ctx, ctl_req *req, const char *op, int *rc)
+{
+    mx_unit *u = ctx;
+    atomic_fetch_add(&u->calls, 1);
+    if (!u->refuse)
+        return 0;
+    *rc = ctl_req_fail(req, CTL_PROTOCOL, "this unit refuses %s", op);
+    return 1;
+}
+
+static int mx_echo(void *ctx, const matrix_echo_args *a, matrix_Everything *result,
+                   ctl_req *req)
+{
+    int rc;
+    if (mx_refused(ctx, req, "echo", &rc))
+        return rc;
+    *result = a->value;
+    return 0;
+}
+
+/* A leaf: the tests here do not grow trees (test_stubs' Node does). */
+static int mx_grow(void *ctx, const matrix_grow_args *a, matrix_Tree *result, ctl_req *req)
+{
+    int rc;
+    if (mx_refused(ctx, req, "grow", &rc))
+        return rc;
+    *result = (matrix_Tree)MATRIX_TREE_INIT;
+    result->label = a->label;
+    return 0;
+}
+
+static int mx_describe(void *ctx, const matrix_describe_args *a, ctl_str *result,
+                       ctl_req *req)
+{
+    int rc;
+    if (mx_refused(ctx, req, "describe", &rc))
+        return rc;
+    *result = a->name;
+    return 0;
+}
+
+static int mx_sum(void *ctx, const matrix_sum_args *a, double *result, ctl_req *req)
+{
+    int rc;
+    double s = 0;
+    if (mx_refused(ctx, req, "sum", &rc))
+        return rc;
+    for (size_t i = 0; i < a->ints.count; i++)
+        s += (double)a->ints.items[i];
+    *result = s * a->scale;
+    return 0;
+}
+
+/* `data` `times` times over (null when empty), as matrix_unit.c. */
+static int mx_repeat(void *ctx, const matrix_repeat_args *a, matrix_opt_bin *result,
+                     ctl_req *req)
+{
+    int rc;
+    size_t n = a->data.len * a->times;
+    char *buf;
+    if (mx_refused(ctx, req, "repeat", &rc))
+        return rc;
+    if (n == 0) {
+        result->present = false;
+        return 0;
+    }
+    if (n / a->times != a->data.len || (buf = ctl_req_alloc(req, n)) == NULL)
+        return ctl_req_fail(req, CTL_PROTOCOL, "repeat: too long");
+    for (uint32_t i = 0; i < a->times; i++)
+        memcpy(buf + (size_t)i * a->data.len, a->data.ptr, a->data.len);
+    *result = (matrix_opt_bin){.present = true, .value = {buf, n}};
+    return 0;
+}
+
+/* An Inner labelled `name`, or null, as matrix_unit.c. */
+static int mx_find(void *ctx, const matrix_find_args *a, const matrix_Inner **result,
+                   ctl_req *req)
+{
+    int rc;
+    matrix_Inner *in;
+    if (mx_refused(ctx, req, "find", &rc))
+        return rc;
+    if (!a->name.present) {
+        *result = NULL;
+        return 0;
+    }
+    if ((in = ctl_req_alloc(req, sizeof *in)) == NULL)
+        return ctl_req_fail(req, CTL_PROTOCOL, "out of memory");
+    *in = (matrix_Inner)MATRIX_INNER_INIT;
+    in->label = a->name.value;
+    *result = in;
+    return 0;
+}
+
+/* The refusing unit fails with the declared kind Stale; the others as
+ * `kind` asks (the declared kinds and Busy), or 42. */
+static int mx_fail(void *ctx, const matrix_fail_args *a, uint64_t *result, ctl_req *req)
+{
+    mx_unit *u = ctx;
+    const char *why = NULL;
+    char reason[64];
+    atomic_fetch_add(&u->calls, 1);
+    if (u->refuse)
+        return matrix_fail_raise_Stale(req, "refusing", "this unit refuses fail");
+    if (a->reason.present) {
+        snprintf(reason, sizeof reason, "%.*s", (int)a->reason.value.len,
+                 a->reason.value.ptr);
+        why = reason;
+    }
+    if (view_is(a->kind, "Stale"))
+        return matrix_fail_raise_Stale(req, why, "asked for Stale");
+    if (view_is(a->kind, "NoSuchThing"))
+        return matrix_fail_raise_NoSuchThing(req, why, "asked for NoSuchThing");
+    if (view_is(a->kind, "Busy"))
+        return ctl_req_busy(req, why, "asked for Busy");
+    *result = 42;
+    return 0;
+}
+
+static int mx_remember(void *ctx, const matrix_remember_args *a, ctl_req *req)
+{
+    int rc;
+    (void)a;
+    if (mx_refused(ctx, req, "remember", &rc))
+        return rc;
+    return 0;
+}
+
+static int mx_remembered(void *ctx, matrix_map_i64 *result, ctl_req *req)
+{
+    int rc;
+    if (mx_refused(ctx, req, "remembered", &rc))
+        return rc;
+    *result = (matrix_map_i64){.items = NULL, .count = 0};
+    return 0;
+}
+
+static int mx_ping(void *ctx, ctl_req *req)
+{
+    int rc;
+    if (mx_refused(ctx, req, "ping", &rc))
+        return rc;
+    return 0;
+}
+
+static const matrix_handlers mx_handlers_template = {
+    .on_echo = mx_echo,
+    .on_grow = mx_grow,
+    .on_describe = mx_describe,
+    .on_sum = mx_sum,
+    .on_repeat = mx_repeat,
+    .on_find = mx_find,
+    .on_fail = mx_fail,
+    .on_remember = mx_remember,
+    .on_remembered = mx_remembered,
+    .on_ping = mx_ping,
+};
+
+static void mx_silent(tu_fake *fake, const tu_fake_req *req, void *user)
+{
+    (void)fake;
+    (void)req;
+    (void)user;
+}
+
+typedef struct mx_fx {
+    mx_unit unit[3];
+    tu_fake *silent;
+    char dead[CTL_ENDPOINT_MAX];
+    const char *addrs[MX_TARGETS];
+    ctl_client *proc; /* completions queued for ctl_client_process */
+    ctl_client *io;   /* completions run on its I/O thread */
+    ctl_error err;
+} mx_fx;
+
+static ctl_client *mx_client(int on_io_thread, ctl_error *err)
+{
+    ctl_client_options o;
+    ctl_client *c = NULL;
+    ctl_client_options_init(&o);
+    o.callbacks_on_io_thread = on_io_thread;
+    if (ctl_client_new(&o, &c, err) != 0)
+        fprintf(stderr, "ctl_client_new failed: %s\n", err->msg ? err->msg : "?");
+    return c;
+}
+
+static int mx_teardown(void **state)
+{
+    mx_fx *f = *state;
+    ctl_client_destroy(&f->proc);
+    ctl_client_destroy(&f->io);
+    for (int i = 0; i < 3; i++)
+        ctl_server_destroy(&f->unit[i].server);
+    tu_fake_stop(&f->silent);
+    ctl_error_fini(&f->err);
+    free(f);
+    return 0;
+}
+
+static int mx_setup(void **state)
+{
+    mx_fx *f = calloc(1, sizeof *f);
+    ctl_server_options o;
+    if (f == NULL)
+        return -1;
+    *state = f;
+    ctl_error_init(&f->err);
+    ctl_server_options_init(&o);
+    o.endpoint = "tcp://127.0.0.1:*";
+    for (int i = 0; i < 3; i++) {
+        mx_unit *u = &f->unit[i];
+        u->h = mx_handlers_template;
+        u->h.ctx = u;
+        u->refuse = i == MX_REFUSING;
+        atomic_init(&u->calls, 0);
+        if (matrix_serve(&u->h, &o, &u->server, &f->err) != 0) {
+            fprintf(stderr, "matrix_serve failed: %s\n", f->err.msg ? f->err.msg : "?");
+            mx_teardown(state);
+            return -1;
+        }
+        snprintf(u->addr, sizeof u->addr, "%s", ctl_server_endpoint(u->server));
+        f->addrs[i] = u->addr;
+    }
+    tu_dead_address(f->dead, sizeof f->dead);
+    f->addrs[MX_DEAD] = f->dead;
+    f->proc = mx_client(0, &f->err);
+    f->io = mx_client(1, &f->err);
+    if (tu_fake_start(&f->silent, mx_silent, NULL) != 0 || !f->proc || !f->io) {
+        mx_teardown(state);
+        return -1;
+    }
+    f->addrs[MX_SILENT] = tu_fake_endpoint(f->silent);
+    return 0;
+}
+
+/* What a fan-out's completion saw. The outcomes are the call's: read after
+ * the callback has returned, while the handle is kept. */
+typedef struct mx_many {
+    atomic_int completions;
+    void *outcomes;
+    size_t count;
+    pthread_t thread;
+} mx_many;
+
+static void mx_many_seen(void *user, void *outcomes, size_t count)
+{
+    mx_many *m = user;
+    m->outcomes = outcomes;
+    m->count = count;
+    m->thread = pthread_self();
+    atomic_fetch_add(&m->completions, 1);
+}
+
+static void mx_on_echo_many(void *user, matrix_echo_outcome *o, size_t n)
+{
+    mx_many_seen(user, o, n);
+}
+
+static void mx_on_fail_many(void *user, matrix_fail_outcome *o, size_t n)
+{
+    mx_many_seen(user, o, n);
+}
+
+static void mx_on_find_many(void *user, matrix_find_outcome *o, size_t n)
+{
+    mx_many_seen(user, o, n);
+}
+
+/* Run `c`'s queued completions until *count reaches `want` or CALL_MS
+ * passes, waiting in poll() on its event descriptor in between. */
+static void mx_process_until(ctl_client *c, atomic_int *count, int want)
+{
+    int64_t until = tu_now_ms() + CALL_MS;
+    struct pollfd p = {ctl_client_event_fd(c), POLLIN, 0};
+    while (atomic_load(count) < want && tu_now_ms() < until)
+        if (poll(&p, 1, 50) > 0)
+            ctl_client_process(c, 0);
+}
+
+/* Both asynchronous fan-outs of one op have completed, once each, on the
+ * thread each client delivers on: m[0] queued (run here by
+ * ctl_client_process only), m[1] on the I/O thread. */
+static void mx_wait_both(mx_fx *f, mx_many m[2], ctl_call *calls[2])
+{
+    assert_int_equal(ctl_call_wait(calls[0], CALL_MS), 0);
+    assert_int_equal(atomic_load(&m[0].completions), 0); /* queued, not run */
+    mx_process_until(f->proc, &m[0].completions, 1);
+    assert_int_equal(ctl_call_wait(calls[1], CALL_MS), 0);
+    for (int k = 0; k < 2; k++) {
+        /* A typed call lends no untyped outcomes (its callback owns them). */
+        size_t n = 1;
+        assert_null(ctl_call_outcomes(calls[k], &n));
+        assert_int_equal(n, 0);
+        assert_int_equal(atomic_load(&m[k].completions), 1);
+        assert_int_equal(m[k].count, MX_TARGETS);
+        assert_non_null(m[k].outcomes);
+    }
+    assert_true(pthread_equal(m[0].thread, pthread_self()));
+    assert_false(pthread_equal(m[1].thread, pthread_self()));
+    /* Nothing more comes: each completed exactly once. */
+    assert_int_equal(ctl_client_process(f->proc, 0), 0);
+    assert_int_equal(ctl_client_process(f->io, 0), 0);
+    assert_int_equal(atomic_load(&m[0].completions), 1);
+    assert_int_equal(atomic_load(&m[1].completions), 1);
+}
+
+static bool same_cstr(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+/* An asynchronous outcome's error is the blocking one's, field for field. */
+static void expect_same_error(const ctl_error *got, const ctl_error *want, size_t i)
+{
+    bool same = got->kind == want->kind && got->cause == want->cause &&
+                got->code == want->code && same_cstr(got->msg, want->msg) &&
+                same_cstr(got->reason, want->reason) &&
+                same_cstr(got->remote_kind, want->remote_kind) &&
+                got->blob_count == want->blob_count;
+    for (size_t b = 0; same && b < want->blob_count; b++)
+        same = got->blobs[b].len == want->blobs[b].len &&
+               memcmp(got->blobs[b].ptr, want->blobs[b].ptr, want->blobs[b].len) == 0;
+    if (!same)
+        fail_msg("outcome %zu: %s/%s '%s' where the blocking fan-out has %s/%s '%s'", i,
+                 ctl_kind_name(got->kind), ctl_cause_name(got->cause),
+                 got->msg ? got->msg : "", ctl_kind_name(want->kind),
+                 ctl_cause_name(want->cause), want->msg ? want->msg : "");
+}
+
+/* Two decoded values of `type` are the same when they pack to the same
+ * bytes (every field, in order; doubles bit for bit). */
+static void expect_same_value(const ctl_type *type, const void *got, const void *want)
+{
+    tu_buf a, b;
+    tu_buf_init(&a);
+    tu_buf_init(&b);
+    assert_int_equal(ctl_type_pack(&a.pk, type, got), 0);
+    assert_int_equal(ctl_type_pack(&b.pk, type, want), 0);
+    assert_int_equal(a.sb.size, b.sb.size);
+    assert_memory_equal(a.sb.data, b.sb.data, b.sb.size);
+    tu_buf_fini(&a);
+    tu_buf_fini(&b);
+}
+
+/* The blocking fan-out's errors: the first two units answered, the
+ * refusing one failed as `refused_kind` says, the dead address was
+ * refused, the silent unit timed out. */
+static void expect_fanout_errors(mx_fx *f, const ctl_error *const e[MX_TARGETS],
+                                 const char *op, bool declared)
+{
+    for (int i = 0; i < MX_REFUSING; i++)
+        assert_int_equal(e[i]->kind, CTL_OK);
+    if (declared) {
+        assert_int_equal(e[MX_REFUSING]->kind, CTL_DECLARED);
+        assert_int_equal(e[MX_REFUSING]->code, MATRIX_ERR_Stale);
+        assert_string_equal(e[MX_REFUSING]->remote_kind, "Stale");
+        assert_string_equal(e[MX_REFUSING]->reason, "refusing");
+    } else {
+        assert_int_equal(e[MX_REFUSING]->kind, CTL_TRANSFER);
+        assert_int_equal(e[MX_REFUSING]->cause, CTL_CAUSE_REMOTE);
+        assert_string_equal(e[MX_REFUSING]->remote_kind, "Protocol");
+    }
+    expect_substr(e[MX_REFUSING]->msg, "this unit refuses");
+    expect_substr(e[MX_REFUSING]->msg, op);
+    assert_int_equal(e[MX_DEAD]->kind, CTL_TRANSFER);
+    assert_int_equal(e[MX_DEAD]->cause, CTL_CAUSE_REFUSED);
+    expect_substr(e[MX_DEAD]->msg, f->dead);
+    assert_int_equal(e[MX_SILENT]->kind, CTL_TRANSFER);
+    assert_int_equal(e[MX_SILENT]->cause, CTL_CAUSE_TIMEOUT);
+    expect_substr(e[MX_SILENT]->msg, f->addrs[MX_SILENT]);
+}
+
+/* Every unit ran the op three times (the blocking fan-out and both
+ * asynchronous ones), and the silent one was sent it three times. */
+static void expect_fanout_calls(mx_fx *f)
+{
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(atomic_load(&f->unit[i].calls), 3);
+    int64_t until = tu_now_ms() + WAIT_MS;
+    while (tu_fake_seen(f->silent) < 3 && tu_now_ms() < until)
+        tu_sleep_ms(2);
+    assert_int_equal(tu_fake_seen(f->silent), 3);
+}
+
+/* echo: every type of the IDL comes back, the same through all three. */
+static void test_echo_many_start_matches_many(void **state)
+{
+    mx_fx *f = *state;
+    const matrix_Everything sent[2] = {mv_full(), mv_sparse()};
+    const ctl_type *type = op_desc(&matrix_service, "echo")->result;
+    matrix_echo_args a[MX_TARGETS];
+    matrix_echo_outcome bo[MX_TARGETS];
+    const ctl_error *be[MX_TARGETS];
+    mx_many m[2];
+    ctl_call *calls[2] = {NULL, NULL};
+    memset(m, 0, sizeof m);
+    for (size_t i = 0; i < MX_TARGETS; i++)
+        a[i] = (matrix_echo_args){.value = sent[i % 2]};
+
+    assert_int_equal(matrix_echo_many_start(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_echo_many, &m[0], &calls[0]), 0);
+    assert_int_equal(matrix_echo_many_start(f->io, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_echo_many, &m[1], &calls[1]), 0);
+    assert_int_equal(matrix_echo_many(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS, bo), 3);
+    mx_wait_both(f, m, calls);
+
+    for (size_t i = 0; i < MX_TARGETS; i++)
+        be[i] = &bo[i].error;
+    expect_fanout_errors(f, be, "echo", false);
+    for (size_t i = 0; i < MX_REFUSING; i++)
+        expect_same_value(type, &bo[i].result, &sent[i % 2]);
+    for (int k = 0; k < 2; k++) {
+        const matrix_echo_outcome *ao = m[k].outcomes;
+        for (size_t i = 0; i < MX_TARGETS; i++) {
+            expect_same_error(&ao[i].error, &bo[i].error, i);
+            if (bo[i].error.kind != CTL_OK) {
+                assert_null(ao[i].reply);
+                continue;
+            }
+            assert_non_null(ao[i].reply);
+            expect_same_value(type, &ao[i].result, &bo[i].result);
+        }
+    }
+    matrix_echo_outcomes_fini(bo, MX_TARGETS);
+    ctl_call_release(calls[0]);
+    ctl_call_release(calls[1]);
+    expect_fanout_calls(f);
+}
+
+/* fail: a declared kind (with its code and reason) through all three. */
+static void test_fail_many_start_matches_many(void **state)
+{
+    mx_fx *f = *state;
+    matrix_fail_args a[MX_TARGETS];
+    matrix_fail_outcome bo[MX_TARGETS];
+    const ctl_error *be[MX_TARGETS];
+    mx_many m[2];
+    ctl_call *calls[2] = {NULL, NULL};
+    memset(m, 0, sizeof m);
+    for (size_t i = 0; i < MX_TARGETS; i++) {
+        matrix_fail_args_init(&a[i]);
+        a[i].kind = LIT("ok");
+    }
+
+    assert_int_equal(matrix_fail_many_start(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_fail_many, &m[0], &calls[0]), 0);
+    assert_int_equal(matrix_fail_many_start(f->io, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_fail_many, &m[1], &calls[1]), 0);
+    assert_int_equal(matrix_fail_many(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS, bo), 3);
+    mx_wait_both(f, m, calls);
+
+    for (size_t i = 0; i < MX_TARGETS; i++)
+        be[i] = &bo[i].error;
+    expect_fanout_errors(f, be, "fail", true);
+    for (size_t i = 0; i < MX_REFUSING; i++)
+        assert_int_equal(bo[i].result, 42);
+    for (int k = 0; k < 2; k++) {
+        const matrix_fail_outcome *ao = m[k].outcomes;
+        for (size_t i = 0; i < MX_TARGETS; i++) {
+            expect_same_error(&ao[i].error, &bo[i].error, i);
+            assert_null(ao[i].reply); /* a u64 holds no views */
+            if (bo[i].error.kind == CTL_OK)
+                assert_int_equal(ao[i].result, bo[i].result);
+        }
+    }
+    matrix_fail_outcomes_fini(bo, MX_TARGETS);
+    ctl_call_release(calls[0]);
+    ctl_call_release(calls[1]);
+    expect_fanout_calls(f);
+}
+
+/* find: an optional record, present from one unit and absent from the
+ * other, through all three. */
+static void test_find_many_start_matches_many(void **state)
+{
+    mx_fx *f = *state;
+    const ctl_type *type = op_desc(&matrix_service, "find")->result;
+    matrix_find_args a[MX_TARGETS];
+    matrix_find_outcome bo[MX_TARGETS];
+    const ctl_error *be[MX_TARGETS];
+    mx_many m[2];
+    ctl_call *calls[2] = {NULL, NULL};
+    memset(m, 0, sizeof m);
+    for (size_t i = 0; i < MX_TARGETS; i++) {
+        matrix_find_args_init(&a[i]);
+        if (i != 1)
+            a[i].name = (matrix_opt_str){.present = true, .value = LIT("f\0und")};
+    }
+
+    assert_int_equal(matrix_find_many_start(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_find_many, &m[0], &calls[0]), 0);
+    assert_int_equal(matrix_find_many_start(f->io, f->addrs, a, MX_TARGETS, FANOUT_MS,
+                                            mx_on_find_many, &m[1], &calls[1]), 0);
+    assert_int_equal(matrix_find_many(f->proc, f->addrs, a, MX_TARGETS, FANOUT_MS, bo), 3);
+    mx_wait_both(f, m, calls);
+
+    for (size_t i = 0; i < MX_TARGETS; i++)
+        be[i] = &bo[i].error;
+    expect_fanout_errors(f, be, "find", false);
+    assert_non_null(bo[0].result);
+    expect_bytes(bo[0].result->label, LIT("f\0und"));
+    assert_true(bo[0].result->weight == 0.5);
+    assert_null(bo[1].result);
+    for (int k = 0; k < 2; k++) {
+        const matrix_find_outcome *ao = m[k].outcomes;
+        for (size_t i = 0; i < MX_TARGETS; i++) {
+            expect_same_error(&ao[i].error, &bo[i].error, i);
+            if (bo[i].error.kind != CTL_OK)
+                continue;
+            assert_true((ao[i].result == NULL) == (bo[i].result == NULL));
+            expect_same_value(type, &ao[i].result, &bo[i].result);
+        }
+    }
+    matrix_find_outcomes_fini(bo, MX_TARGETS);
+    ctl_call_release(calls[0]);
+    ctl_call_release(calls[1]);
+    expect_fanout_calls(f);
+}
+
+/* ---- result lifetimes (run under ASan) ---------------------------------- */
+/*
+ * A large bin kept past its callback without a copy, as the generated
+ * header's "Lifetimes" says: the callback keeps the view, the caller keeps
+ * the handle, reads the bytes after the callback has returned, then
+ * releases the handle. The args (a heap struct, its blob, the address)
+ * are scribbled over and freed as soon as the start returns: the start
+ * copied them, and the reply must be the original bytes.
+ */
+
+#define BLOB_BYTES ((size_t)1 << 20) /* sent once... */
+#define BLOB_TIMES 4u                /* ...and answered this many times over */
+
+static unsigned char blob_byte(size_t i, unsigned seed)
+{
+    return (unsigned char)(i * 131u + seed * 7u + (i >> 11));
+}
+
+static char *blob_new(unsigned seed)
+{
+    char *b = malloc(BLOB_BYTES);
+    assert_non_null(b);
+    for (size_t i = 0; i < BLOB_BYTES; i++)
+        b[i] = (char)blob_byte(i, seed);
+    return b;
+}
+
+/* `v` holds BLOB_TIMES copies of the blob of `seed`. */
+static void expect_blob(ctl_str v, unsigned seed)
+{
+    assert_int_equal(v.len, BLOB_BYTES * BLOB_TIMES);
+    for (size_t i = 0; i < v.len; i++)
+        if ((unsigned char)v.ptr[i] != blob_byte(i % BLOB_BYTES, seed))
+            fail_msg("byte %zu of the result is not the blob's", i);
+}
+
+/* A repeat's args on the heap, freed with scribble_free once started. */
+static matrix_repeat_args *repeat_args_new(unsigned seed)
+{
+    matrix_repeat_args *a = malloc(sizeof *a);
+    assert_non_null(a);
+    matrix_repeat_args_init(a);
+    a->data = (ctl_str){blob_new(seed), BLOB_BYTES};
+    a->times = BLOB_TIMES;
+    return a;
+}
+
+static void repeat_args_free(matrix_repeat_args *a)
+{
+    memset((char *)a->data.ptr, 0xee, a->data.len);
+    free((char *)a->data.ptr);
+    memset(a, 0xee, sizeof *a);
+    free(a);
+}
+
+static char *addr_dup(const char *addr)
+{
+    char *s = strdup(addr);
+    assert_non_null(s);
+    return s;
+}
+
+static void addr_free(char *s)
+{
+    memset(s, 'x', strlen(s));
+    free(s);
+}
+
+/* What a single call's completion saw: the result's view, not its bytes. */
+typedef struct mx_one {
+    atomic_int completions;
+    int kind;
+    matrix_opt_bin result;
+} mx_one;
+
+static void mx_on_repeat(void *user, const ctl_error *err, const matrix_opt_bin *result)
+{
+    mx_one *o = user;
+    o->kind = err->kind;
+    if (result)
+        o->result = *result;
+    atomic_fetch_add(&o->completions, 1);
+}
+
+static void mx_on_repeat_many(void *user, matrix_repeat_outcome *o, size_t n)
+{
+    mx_many_seen(user, o, n);
+}
+
+/* Wait for a call of `c` to complete and its callback to have run. */
+static void mx_wait_delivered(ctl_client *c, ctl_call *call, atomic_int *completions)
+{
+    assert_int_equal(ctl_call_wait(call, CALL_MS), 0);
+    size_t n = 1;
+    assert_null(ctl_call_outcomes(call, &n)); /* a typed call lends none */
+    assert_int_equal(n, 0);
+    mx_process_until(c, completions, 1); /* queued ones; none with on_io */
+    assert_int_equal(atomic_load(completions), 1);
+}
+
+static void test_start_result_outlives_callback(void **state)
+{
+    mx_fx *f = *state;
+    for (unsigned on_io = 0; on_io < 2; on_io++) {
+        ctl_client *c = on_io ? f->io : f->proc;
+        matrix_repeat_args *a = repeat_args_new(on_io);
+        char *addr = addr_dup(f->unit[0].addr);
+        ctl_call *call = NULL;
+        mx_one got;
+        memset(&got, 0, sizeof got);
+        assert_int_equal(matrix_repeat_start(c, addr, a, CALL_MS, mx_on_repeat, &got, &call),
+                         0);
+        repeat_args_free(a);
+        addr_free(addr);
+        mx_wait_delivered(c, call, &got.completions);
+        assert_int_equal(got.kind, CTL_OK);
+        assert_true(got.result.present);
+        expect_blob(got.result.value, on_io); /* after the callback */
+        ctl_call_release(call);
+        assert_int_equal(atomic_load(&got.completions), 1);
+    }
+}
+
+static void test_many_start_outcomes_outlive_callback(void **state)
+{
+    mx_fx *f = *state;
+    enum { N = 2 };
+    for (unsigned on_io = 0; on_io < 2; on_io++) {
+        ctl_client *c = on_io ? f->io : f->proc;
+        matrix_repeat_args *each[N];
+        matrix_repeat_args *a = malloc(N * sizeof *a);
+        const char **addrs = malloc(N * sizeof *addrs);
+        ctl_call *call = NULL;
+        mx_many m;
+        memset(&m, 0, sizeof m);
+        assert_non_null(a);
+        assert_non_null(addrs);
+        for (unsigned i = 0; i < N; i++) {
+            each[i] = repeat_args_new(10 + 2 * on_io + i);
+            a[i] = *each[i];
+            addrs[i] = addr_dup(f->unit[i].addr);
+        }
+        assert_int_equal(matrix_repeat_many_start(c, addrs, a, N, CALL_MS, mx_on_repeat_many,
+                                                  &m, &call), 0);
+        for (unsigned i = 0; i < N; i++) {
+            repeat_args_free(each[i]);
+            addr_free((char *)addrs[i]);
+        }
+        memset(a, 0xee, N * sizeof *a);
+        free(a);
+        free(addrs);
+        mx_wait_delivered(c, call, &m.completions);
+        assert_int_equal(m.count, N);
+        const matrix_repeat_outcome *o = m.outcomes;
+        for (unsigned i = 0; i < N; i++) {
+            assert_int_equal(o[i].error.kind, CTL_OK);
+            assert_non_null(o[i].reply);
+            assert_true(o[i].result.present);
+            expect_blob(o[i].result.value, 10 + 2 * on_io + i); /* after the callback */
+        }
+        ctl_call_release(call);
+        assert_int_equal(atomic_load(&m.completions), 1);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 #define C(fn) cmocka_unit_test_setup_teardown(fn, setup_core, teardown)
+#define M(fn) cmocka_unit_test_setup_teardown(fn, mx_setup, mx_teardown)
+        cmocka_unit_test(test_op_flags_from_the_idl),
         T(test_record_init_sets_defaults),
         T(test_echo_every_type),
         T(test_echo_empty_and_absent),
@@ -3550,6 +4338,13 @@ int main(void)
         C(test_core_bad_result_long_path),
         C(test_core_result_defaults_from_minimal_peer),
         C(test_core_storage_bad_args),
+        /* Typed asynchronous calls on matrix.idl. */
+        M(test_echo_many_start_matches_many),
+        M(test_fail_many_start_matches_many),
+        M(test_find_many_start_matches_many),
+        M(test_start_result_outlives_callback),
+        M(test_many_start_outcomes_outlive_callback),
+#undef M
 #undef C
 #undef T
     };

@@ -1,7 +1,9 @@
 """ctlrpc: the generic caller, in the spirit of grpcurl. Calls any op of any ctlrpc unit, C or
 Python, with no generated code: the IDL comes from `--idl FILE` or from the unit itself (the
 built-in op `_describe`), is read by ctlrpc-gen's own parser and checker, and every argument is
-checked and encoded by its IDL type before anything is sent.
+checked and encoded by its IDL type before anything is sent. An op the IDL declares `idempotent`
+is called with idempotent=True (`idempotent_ops`), so that a retry policy may send it again after
+a timeout.
 
     ctlrpc call ADDRESS OP [name=value ...] [--json '{...}']
     ctlrpc call --address A --address B OP ...       fan-out: one row per unit, one deadline
@@ -15,8 +17,8 @@ JSON conventions (docs/OPERATIONS.md, "The generic caller: ctlrpc"): results and
 a bin is a base64 string (standard alphabet, padded), both ways; integers are JSON numbers,
 exact at any width; an optional's nil is null; a record is an object keyed by field name, a
 map<str, T> an object. On the command line, `name=value` is parsed by the argument's type:
-scalars as written (bool: true/false), bins as the text's UTF-8 bytes, `@FILE` for a file's
-bytes or `-` for standard input, lists, maps and records as JSON.
+scalars as written (bool: true/false, yes/no, on/off, 1/0), bins as the text's UTF-8 bytes,
+`@FILE` for a file's bytes or `-` for standard input, lists, maps and records as JSON.
 
 Exit status as ctl-storage's: 0 ok, 1 local failure, 2 usage (a bad argument, an unknown op),
 3 UnitFull, 4 Busy, 5 Missing, 6 Transfer (a Protocol error from the unit, transport, bad
@@ -36,15 +38,18 @@ import math
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import ctlrpc
-from ctlrpc import curve, errors
+from ctlrpc import curve, errors, net
 
 from ctlrpc_gen import model as m
 from ctlrpc_gen.check import check
 from ctlrpc_gen.diag import Diagnostics
 from ctlrpc_gen.parser import _Loader, load_program
+
+import ctlrpc_fleet as fleet
 
 PROG = "ctlrpc"
 
@@ -139,7 +144,18 @@ def error_json(e: errors.Error) -> Dict[str, Any]:
 
 
 def error_line(e: errors.Error) -> str:
-    line = f"{word_of(e)}: {e}"
+    """`Word: op at address: message`, the kind said once (as the word), with its reason."""
+    word = word_of(e)
+    declared = isinstance(e, errors.DeclaredError) or (
+        isinstance(e, errors.Transfer) and e.cause == "remote" and word == e.remote_kind)
+    if not declared:
+        line = f"{word}: {e}"
+    else:
+        where = f"{e.op or '(op)'} at {e.address or '(address)'}: " if e.op or e.address else ""
+        line = f"{word}: {where}{e.msg}"
+        reason = getattr(e, "reason", None)
+        if reason is not None:
+            line += f" (reason: {reason})"
     if isinstance(e, errors.Missing):
         line += " [missing: " + " ".join(e.blobs) + "]"
     return line
@@ -151,8 +167,10 @@ def no_builtin(e: errors.Error, op: str) -> bool:
             and f"unknown op '{op}'" in e.msg)
 
 
-def builtin_failure(e: errors.Error, op: str, address: str) -> Fail:
-    """The failure of a built-in op, said plainly."""
+def builtin_failure(e: errors.Error, op: str, address: str, for_op: str = "") -> Fail:
+    """The failure of a built-in op, said plainly. `for_op`: the op the built-in was called
+    for (the IDL fetched for a call): a timeout, an unreachable unit or a refused handshake is
+    then that op's failure, "while" fetching."""
     if no_builtin(e, op):
         hint = ": pass --idl FILE" if op == "_describe" else ""
         return Fail(EXIT_TRANSFER, f"{address}: this unit does not answer the built-in op {op} "
@@ -160,6 +178,11 @@ def builtin_failure(e: errors.Error, op: str, address: str) -> Fail:
     if isinstance(e, errors.Transfer) and e.cause == "remote" and "turned off" in e.msg:
         return Fail(EXIT_TRANSFER, f"{address}: describe is turned off on this unit: pass "
                     "--idl FILE")
+    if for_op and isinstance(e, errors.Transfer) and e.cause != "remote":
+        why = ("fetching the unit's IDL with _describe" if op == "_describe" else
+               f"asking the unit's service with {op}")
+        e.op = for_op
+        return Fail(status_of(e), f"{error_line(e)} (while {why})")
     return Fail(status_of(e), error_line(e))
 
 
@@ -187,12 +210,17 @@ class _MemLoader(_Loader):
 
 
 def load_idl_file(path: str) -> m.Model:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise Fail(EXIT_LOCAL, f"--idl {path}: cannot read: {e.strerror}") from None
     diags = Diagnostics()
     program = load_program(path, diags)
     got = check(program, diags) if program is not None else None
     if got is None or diags.error_count:
         sys.stderr.write(diags.render())
-        raise Fail(EXIT_USAGE, f"--idl {path}: the IDL has errors")
+        raise Fail(EXIT_LOCAL, f"--idl {path}: the IDL has errors")
     return got
 
 
@@ -210,21 +238,23 @@ def load_idl_texts(files: Sequence[Dict[str, Any]], address: str) -> m.Model:
     return got
 
 
-def describe(client: ctlrpc.Client, address: str, timeout: float) -> Dict[str, Any]:
+def describe(client: ctlrpc.Client, address: str, timeout: float,
+             for_op: str = "") -> Dict[str, Any]:
     try:
         got = client.call(address, "_describe", {}, timeout)
     except errors.Error as e:
-        raise builtin_failure(e, "_describe", address) from None
+        raise builtin_failure(e, "_describe", address, for_op) from None
     if not isinstance(got, dict):
         raise Fail(EXIT_TRANSFER, f"{address}: _describe answered a {type(got).__name__}, "
                    "not a map")
     return got
 
 
-def fetch_model(a: argparse.Namespace, client: ctlrpc.Client, address: str) -> m.Model:
+def fetch_model(a: argparse.Namespace, client: ctlrpc.Client, address: str,
+                for_op: str = "") -> m.Model:
     if a.idl:
         return load_idl_file(a.idl)
-    d = describe(client, address, a.timeout)
+    d = describe(client, address, a.timeout, for_op)
     files = d.get("idl") or []
     if not files:
         raise Fail(EXIT_LOCAL, f"{address}: the unit reports no IDL (service "
@@ -232,10 +262,23 @@ def fetch_model(a: argparse.Namespace, client: ctlrpc.Client, address: str) -> m
     return load_idl_texts(files, address)
 
 
+def idempotent_ops(model: m.Model) -> Set[str]:
+    """The names of the ops the IDL declares `idempotent` (from --idl or from what `_describe`
+    handed out): a call of one of them passes idempotent=True, so that the client's retry
+    policy may send it again after a timeout or a failure after the request left."""
+    return {op.name for op in model.ops if op.idempotent}
+
+
 # ---- values: command line and JSON -> wire, wire -> JSON ---------------------------------------
 
 class BadValue(Exception):
     pass
+
+
+# The words a bool argument takes on the command line, in any case (JSON takes true/false).
+BOOL_TRUE = ("true", "yes", "on", "1")
+BOOL_FALSE = ("false", "no", "off", "0")
+BOOL_WORDS = "true/false, yes/no, on/off or 1/0"
 
 
 def type_name(t: m.Type) -> str:
@@ -327,11 +370,11 @@ class Codec:
                 return read_bin(text, where)
             if n == "bool":
                 low = text.lower()
-                if low in ("true", "1", "yes"):
+                if low in BOOL_TRUE:
                     return True
-                if low in ("false", "0", "no"):
+                if low in BOOL_FALSE:
                     return False
-                raise BadValue(f"{where}: expected bool (true or false), got '{text}'")
+                raise BadValue(f"{where}: expected bool ({BOOL_WORDS}), got '{text}'")
             if inner.int_range is not None:
                 try:
                     v = int(text, 0)
@@ -483,14 +526,57 @@ def out(line: str) -> None:
 
 # ---- commands ---------------------------------------------------------------------------------
 
+def unique(addresses: Sequence[str]) -> List[str]:
+    """The addresses in the order given, each once: a unit named twice is asked once (and a
+    scrape never gets the same series twice)."""
+    return list(dict.fromkeys(addresses))
+
+
 def split_address(a: argparse.Namespace, words: List[str], what: str) -> List[str]:
-    """The addresses: --address, or the first word when it is one (it holds '://')."""
+    """The addresses: --address, or the first word when it is one (it holds '://'). A first
+    word that looks like an address without its scheme (127.0.0.1:4100) is named as such: an op
+    name never holds ':'."""
     addresses = list(a.address or [])
     if words and "://" in words[0]:
         addresses.append(words.pop(0))
+    elif words and not addresses and ":" in words[0] and "=" not in words[0]:
+        try:
+            net.parse_endpoint(words[0])
+        except ValueError as e:
+            raise usage(f"{what}: {e}") from None
     if not addresses:
         raise usage(f"{what}: no address given (ADDRESS or --address)")
-    return addresses
+    return unique(addresses)
+
+
+def raw_ok(t: Optional[m.Type]) -> bool:
+    """Whether --raw can write a result of type `t`: bin, or list<bin> (joined)."""
+    if isinstance(t, m.OptionalOf):
+        t = t.inner
+    if isinstance(t, m.ListOf):
+        t = t.elem
+    return isinstance(t, m.Scalar) and t.name == "bin"
+
+
+def check_service(a: argparse.Namespace, client: ctlrpc.Client, model: m.Model,
+                  addresses: Sequence[str], op: str) -> float:
+    """With --idl, ask each unit's _health which service it serves and warn, on standard error,
+    of one that serves another than the IDL's: the call is still made, as asked. Waits at most
+    a quarter of the deadline (and 1 s); returns the time left of it. A unit that does not
+    answer in that time is not judged."""
+    t0 = time.monotonic()
+    wait = min(a.timeout / 4, 1.0)
+    for o in client.call_many("_health", [(addr, {}) for addr in addresses], wait):
+        if o.ok and isinstance(o.result, dict):
+            served = str(o.result.get("service", ""))
+            if served and served != model.service.name:
+                sys.stderr.write(f"{PROG}: warning: --idl {a.idl} declares service "
+                                 f"{model.service.name}, but {o.address} serves {served}: "
+                                 f"calling {op} anyway\n")
+        elif len(addresses) == 1 and o.error is not None and not (
+                isinstance(o.error, errors.Transfer) and o.error.cause in ("timeout", "remote")):
+            raise builtin_failure(o.error, "_health", o.address, op)
+    return max(a.timeout - (time.monotonic() - t0), 0.001)
 
 
 def cmd_call(a: argparse.Namespace, client: ctlrpc.Client) -> int:
@@ -498,12 +584,22 @@ def cmd_call(a: argparse.Namespace, client: ctlrpc.Client) -> int:
     addresses = split_address(a, words, "call")
     if not words:
         raise usage("call: no op given")
+    # The bytes of several results written back to back could not be told apart.
+    if a.raw and len(addresses) > 1:
+        raise usage(f"--raw needs one address; this call has {len(addresses)} (drop --raw for "
+                    "one JSON row per unit)")
     op_name = words.pop(0)
-    model = fetch_model(a, client, addresses[0])
+    model = fetch_model(a, client, addresses[0], op_name)
     op = find_op(model, op_name)
+    if a.raw and not raw_ok(op.result):
+        raise usage(f"--raw needs a bin or list<bin> result; op '{op.name}' returns "
+                    f"{'nothing' if op.result is None else type_name(op.result)} (drop --raw "
+                    "for JSON)")
     codec = Codec(model)
     args = build_args(codec, op, words, a.json_args)
+    timeout = check_service(a, client, model, addresses, op.name) if a.idl else a.timeout
     kinds = {k: type(k, (errors.DeclaredError,), {"kind": k}) for k in op.raises_declared}
+    idempotent = op.name in idempotent_ops(model)
     if op.notify:
         status = 0
         for addr in addresses:
@@ -518,20 +614,21 @@ def cmd_call(a: argparse.Namespace, client: ctlrpc.Client) -> int:
         return status
     if len(addresses) == 1:
         try:
-            result = client.call(addresses[0], op.name, args, a.timeout, kinds=kinds)
+            result = client.call(addresses[0], op.name, args, timeout, kinds=kinds,
+                                 idempotent=idempotent)
         except errors.Error as e:
             raise Fail(status_of(e), error_line(e)) from None
-        if a.raw and isinstance(result, (bytes, list)):
+        if a.raw and isinstance(result, (bytes, list, type(None))):
             data = result if isinstance(result, bytes) else b"".join(
-                x for x in result if isinstance(x, bytes))
+                x for x in result or [] if isinstance(x, bytes))
             sys.stdout.buffer.write(data)
             sys.stdout.flush()
             return 0
         out(dump(codec.decode(op.result, result)))
         return 0
     status = 0
-    for o in client.call_many(op.name, [(addr, args) for addr in addresses], a.timeout,
-                              kinds=kinds):
+    for o in client.call_many(op.name, [(addr, args) for addr in addresses], timeout,
+                              kinds=kinds, idempotent=idempotent):
         if o.ok:
             out(dump({"address": o.address, "result": codec.decode(op.result, o.result)}))
         else:
@@ -541,13 +638,31 @@ def cmd_call(a: argparse.Namespace, client: ctlrpc.Client) -> int:
     return status
 
 
+def member_json(x: m.Member) -> Dict[str, Any]:
+    return {"name": x.name, "type": type_name(x.type), "required": x.required,
+            "default": None if x.default is None or not x.default_written else x.default.idl,
+            "doc": x.doc}
+
+
 def op_json(op: m.Op) -> Dict[str, Any]:
-    return {"name": op.name, "notify": op.notify, "signature": op.idl,
-            "args": [{"name": x.name, "type": type_name(x.type), "required": x.required,
-                      "default": None if x.default is None or not x.default_written
-                      else x.default.idl, "doc": x.doc} for x in op.args],
+    return {"name": op.name, "notify": op.notify, "idempotent": op.idempotent,
+            "signature": op.idl,
+            "args": [member_json(x) for x in op.args],
             "result": None if op.result is None else type_name(op.result),
             "raises": list(op.raises), "doc": op.doc}
+
+
+def record_lines(rec: m.Record, indent: str) -> List[str]:
+    """A record as the IDL declares it: on one line when it fits in 100 columns."""
+    one = f"{indent}record {rec.name} {{ " + " ".join(f"{f.idl};" for f in rec.fields) + " }"
+    if len(one) <= 100:
+        return [one]
+    return ([f"{indent}record {rec.name} {{"] + [f"{indent}    {f.idl};" for f in rec.fields]
+            + [f"{indent}}}"])
+
+
+def doc_lines(doc: Optional[str], indent: str) -> List[str]:
+    return [f"{indent}{line}".rstrip() for line in (doc or "").splitlines()]
 
 
 def cmd_ops(a: argparse.Namespace, client: ctlrpc.Client) -> int:
@@ -558,17 +673,39 @@ def cmd_ops(a: argparse.Namespace, client: ctlrpc.Client) -> int:
     model = fetch_model(a, client, addresses[0] if addresses else "")
     if a.json:
         out(dump({"service": model.service.name, "doc": model.service.doc,
-                  "ops": [op_json(op) for op in model.ops]}))
+                  "ops": [op_json(op) for op in model.ops],
+                  "records": [{"name": r.name, "doc": r.doc,
+                               "fields": [member_json(f) for f in r.fields]}
+                              for r in model.records],
+                  "errors": [{"name": k.name, "doc": k.doc} for k in model.errors]}))
         return 0
+    # As grpcurl's describe: the service and its doc, then each op, record and declared error
+    # kind as the IDL declares it, with its doc and its members' docs.
     out(f"service {model.service.name}" + (f" ({', '.join(model.files)})" if a.idl else ""))
+    for line in doc_lines(model.service.doc, "    "):
+        out(line)
     for op in model.ops:
         out("")
         out(f"  {op.idl};")
-        for line in (op.doc or "").splitlines():
-            out(f"      {line}".rstrip())
+        for line in doc_lines(op.doc, "      "):
+            out(line)
         for x in op.args:
             if x.doc:
                 out(f"      {x.name}: " + " ".join(x.doc.split()))
+    for rec in model.records:
+        out("")
+        for line in record_lines(rec, "  "):
+            out(line)
+        for line in doc_lines(rec.doc, "      "):
+            out(line)
+        for f in rec.fields:
+            if f.doc:
+                out(f"      {f.name}: " + " ".join(f.doc.split()))
+    for kind in model.errors:
+        out("")
+        out(f"  error {kind.name};")
+        for line in doc_lines(kind.doc, "      "):
+            out(line)
     return 0
 
 
@@ -589,7 +726,7 @@ def cmd_describe(a: argparse.Namespace, client: ctlrpc.Client) -> int:
 
 def fan_builtin(a: argparse.Namespace, client: ctlrpc.Client, op: str,
                 what: str) -> List[Tuple[str, Optional[Dict[str, Any]], Optional[Fail]]]:
-    addresses = list(a.address or []) + list(a.words)
+    addresses = unique(list(a.address or []) + list(a.words))
     if not addresses:
         raise usage(f"{what}: no address given")
     rows: List[Tuple[str, Optional[Dict[str, Any]], Optional[Fail]]] = []
@@ -652,6 +789,10 @@ def cmd_stats(a: argparse.Namespace, client: ctlrpc.Client) -> int:
         return first_status(rows)
     if a.prometheus:
         sys.stdout.write(prometheus(rows))
+        # A unit that did not answer is ctlrpc_unit_up 0; why is said here, as stats says it.
+        for addr, _, f in rows:
+            if f is not None:
+                sys.stderr.write(f"{PROG}: {addr}: {f.msg}\n")
         return first_status(rows)
     for n, (addr, s, f) in enumerate(rows):
         if n:
@@ -663,14 +804,22 @@ def cmd_stats(a: argparse.Namespace, client: ctlrpc.Client) -> int:
         t = s.get("totals", {})
         out(f"{addr}  service {s.get('service', '')}  uptime {float(s.get('uptime_s', 0)):.1f} s"
             f"  requests {t.get('requests', 0)}  dropped {t.get('dropped', 0)}"
-            f"  unknown_op {t.get('unknown_op', 0)}  connections {t.get('connections', 0)}")
-        out(f"  {'OP':<20} {'CALLS':>8} {'ERRORS':<16} {'DROPPED':>7} {'P50_US':>8} "
+            f"  unknown_op {t.get('unknown_op', 0)}  expired {t.get('expired', 0)}"
+            f"  connections {t.get('connections', 0)}")
+        # The ERRORS column is as wide as its widest entry: a service's declared kinds make
+        # it as long as they need without pushing the columns after it out of line.
+        ops = s.get("ops") or {}
+        errs = {name: errors_text(o.get("errors")) for name, o in ops.items()}
+        total_errs = errors_text(t.get("errors"))
+        ew = max([16, len(total_errs)] + [len(e) for e in errs.values()])
+        nw = max([20] + [len(name) for name in ops])
+        out(f"  {'OP':<{nw}} {'CALLS':>8} {'ERRORS':<{ew}} {'DROPPED':>7} {'P50_US':>8} "
             f"{'P99_US':>8} {'MAX_US':>9} {'BYTES_IN':>10} {'BYTES_OUT':>10}")
-        for name, o in (s.get("ops") or {}).items():
-            out(f"  {name:<20} {o.get('calls', 0):>8} {errors_text(o.get('errors')):<16} "
+        for name, o in ops.items():
+            out(f"  {name:<{nw}} {o.get('calls', 0):>8} {errs[name]:<{ew}} "
                 f"{o.get('dropped', 0):>7} {o.get('p50_us', 0):>8} {o.get('p99_us', 0):>8} "
                 f"{o.get('max_us', 0):>9} {o.get('bytes_in', 0):>10} {o.get('bytes_out', 0):>10}")
-        out(f"  {'(totals)':<20} {t.get('requests', 0):>8} {errors_text(t.get('errors')):<16} "
+        out(f"  {'(totals)':<{nw}} {t.get('requests', 0):>8} {total_errs:<{ew}} "
             f"{t.get('dropped', 0):>7} {'':>8} {'':>8} {'':>9} {t.get('bytes_in', 0):>10} "
             f"{t.get('bytes_out', 0):>10}")
     return first_status(rows)
@@ -701,7 +850,9 @@ _TOTAL_HELP = {
     "auth_denied": "CURVE clients refused by the allowlist.",
     "handshake_failures": "Connections refused during the ZeroMQ handshake.",
     "accept_failures": "Connections the unit could not accept.",
+    "conn_refused": "Connections refused over a connection cap.",
     "disconnects": "Connections closed.",
+    "expired": "Requests skipped unanswered: past their caller's deadline.",
 }
 
 
@@ -713,7 +864,10 @@ def labels(**kw: str) -> str:
     return "{" + ",".join(f'{k}="{label_value(v)}"' for k, v in kw.items()) + "}"
 
 
-def prometheus(rows: Sequence[Tuple[str, Optional[Dict[str, Any]], Optional[Fail]]]) -> str:
+def prometheus(rows: Sequence[Tuple[str, Optional[Dict[str, Any]], Optional[Fail]]],
+               extra: Optional[Dict[str, Dict[str, str]]] = None) -> str:
+    """The rows' _stats in the exposition format; `extra`: labels added to an address's
+    samples (the exporter's `unit` and `state`)."""
     fam: Dict[str, Tuple[str, str, List[str]]] = {}
 
     def sample(name: str, kind: str, help_: str, lab: str, value: Any) -> None:
@@ -723,12 +877,13 @@ def prometheus(rows: Sequence[Tuple[str, Optional[Dict[str, Any]], Optional[Fail
         fam[name][2].append(f"{name}{lab} {v}")
 
     for addr, s, _ in rows:
+        more = (extra or {}).get(addr, {})
         sample("ctlrpc_unit_up", "gauge", "Whether the unit answered _stats.",
-               labels(address=addr), 1 if s is not None else 0)
+               labels(address=addr, **more), 1 if s is not None else 0)
         if s is None:
             continue
         svc = str(s.get("service", ""))
-        base = {"address": addr, "service": svc}
+        base = {"address": addr, **more, "service": svc}
         sample("ctlrpc_unit_uptime_seconds", "gauge", "Seconds since the unit started serving.",
                labels(**base), float(s.get("uptime_s", 0.0)))
         totals = s.get("totals") or {}
@@ -770,6 +925,31 @@ def cmd_keygen(a: argparse.Namespace) -> int:
 
 # ---- the command line -------------------------------------------------------------------------
 
+def key_file(path: Optional[str], secret: bool) -> Optional[str]:
+    """The key in a --curve-server-key or --curve-key file, read as ctl-storage reads them:
+    files only (a secret given as text would skip the file's checks and sit in
+    /proc/PID/cmdline for every local user to read)."""
+    if path is None:
+        return None
+    flag, ext = ("--curve-key", ".key") if secret else ("--curve-server-key", ".pub")
+    if curve.key_valid(path) and not os.path.exists(path):
+        raise usage(f"{flag} takes a key file (PREFIX{ext}), not the key's text"
+                    + (": a secret on the command line is visible to every local user"
+                       if secret else ", as ctl-storage's does"))
+    return curve.read_key(path, secret)
+
+
+def parse_retries(text: str) -> int:
+    """--retries N: a whole number >= 0 (the attempts after the first)."""
+    try:
+        n = int(text.strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of retries (0, 1, 2, ...)")
+    return n
+
+
 def parse_timeout(text: str) -> float:
     """"2.5" (seconds), "500ms", "3s" -> seconds."""
     mt = re.fullmatch(r"([0-9]*\.?[0-9]+)(ms|s)?", text.strip())
@@ -793,10 +973,17 @@ def arguments() -> _Parser:
     common.add_argument("--timeout", "-t", type=parse_timeout, default=DEFAULT_TIMEOUT_S,
                         metavar="T", help="deadline of each call or fan-out: 2.5, 500ms, 3s "
                         "(default 5s)")
+    common.add_argument("--retries", type=parse_retries, default=0, metavar="N",
+                        help="retry a failed call up to N times within its deadline, with "
+                        "backoff: a refused connection for any op; a timeout or a connection "
+                        "lost mid-call only for an op the IDL declares idempotent (default 0)")
+    common.add_argument("--retry-busy", action="store_true",
+                        help="with --retries, retry Busy too (not Busy \"draining\")")
     common.add_argument("--curve-server-key", metavar="FILE",
                         help="talk CURVE to units with this public key")
     common.add_argument("--curve-key", "--curve-secret", dest="curve_key", metavar="FILE",
                         help="this client's secret key, for units with an allowlist")
+    fleet.add_arguments(common)
     p = _Parser(prog=PROG, description="Call any ctlrpc unit, C or Python, by its IDL.",
                 epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"{PROG} {ctlrpc.__version__}")
@@ -806,7 +993,8 @@ def arguments() -> _Parser:
     c.add_argument("--json", dest="json_args", metavar="'{...}'",
                    help="arguments as one JSON object (bins as base64)")
     c.add_argument("--raw", action="store_true",
-                   help="write a bin result (or a list of bins, joined) as raw bytes")
+                   help="write a bin result (or a list of bins, joined) as raw bytes; one "
+                        "address only")
     o = sub.add_parser("ops", parents=[common], help="list the ops: ADDRESS or --idl FILE")
     o.add_argument("words", nargs="*", metavar="ADDRESS")
     o.add_argument("--json", action="store_true", help="print JSON")
@@ -823,11 +1011,12 @@ def arguments() -> _Parser:
                    help="print the Prometheus text exposition format")
     k = sub.add_parser("keygen", help="write a CURVE key pair: PREFIX.key, PREFIX.pub")
     k.add_argument("words", nargs="*", metavar="PREFIX")
+    fleet.add_commands(sub, common)
     return p
 
 
 COMMANDS = {"call": cmd_call, "ops": cmd_ops, "describe": cmd_describe, "health": cmd_health,
-            "stats": cmd_stats}
+            "stats": cmd_stats, **fleet.COMMANDS}
 
 
 def run(argv: Optional[Sequence[str]]) -> int:
@@ -842,11 +1031,16 @@ def run(argv: Optional[Sequence[str]]) -> int:
         raise usage("no command given")
     if a.command == "keygen":
         return cmd_keygen(a)
+    fleet.resolve(a)
     if a.curve_key and not a.curve_server_key:
         raise usage("--curve-key needs --curve-server-key")
+    # Each call retries on its own within its deadline (a fan-out: each unit); a timeout is
+    # retried only for a call made with idempotent=True.
+    retry = ctlrpc.RetryPolicy(max_attempts=a.retries + 1, retry_busy=a.retry_busy)
     try:
-        client = ctlrpc.Client(a.timeout, curve_server_key=a.curve_server_key,
-                               curve_secret=a.curve_key)
+        client = ctlrpc.Client(a.timeout,
+                               curve_server_key=key_file(a.curve_server_key, False),
+                               curve_secret=key_file(a.curve_key, True), retry=retry)
     except (ValueError, OSError) as e:
         raise usage(str(e)) from None
     try:

@@ -14,9 +14,17 @@
  * (ctl_server_stats.auth_denied) and logged (one line on standard error).
  *
  * Keys are 40-character Z85 strings (32 bytes). Key files hold one key as
- * text; a secret key file must not be readable by its group or others
- * (ctl_curve_read_key refuses it, naming the file and its mode), as ssh
- * does for private keys.
+ * text, under a header line that says which half of a pair it is
+ * ("# ctlrpc CURVE secret key: keep private", "# ctlrpc CURVE public key").
+ * Key files and allowlists are read as ssh reads its own files: refused,
+ * with a message naming the file and the mistake, when someone else could
+ * have written them (a symbolic link, a file writable by others, a file in
+ * a directory others can write unless it is sticky and the file is the
+ * user's or root's), when they hold a NUL byte, when a secret key file is
+ * readable by its group or others, or when the header names the other half
+ * of the pair ("this is a public key; pass the .key file", and the reverse).
+ * ctlrpc.curve (the Python runtime) applies the same rules with the same
+ * words.
  *
  * Threading: reentrant; no shared state.
  */
@@ -52,17 +60,20 @@ CTL_API int ctl_curve_public_of(const char *secret_key,
 
 /*
  * Read one key from the file at `path` (surrounding whitespace and lines
- * starting with '#' are ignored). With `secret`, refuse a file that its
- * group or others can read. 0, or CTL_INVALID with a message naming the
- * file and what is wrong with it.
+ * starting with '#' are ignored) with the rules above. With `secret`, the
+ * file must hold a secret key (not a public key's header) that its group
+ * and others cannot read; without, it must not be a secret key file. 0, or
+ * CTL_INVALID with a message naming the file and what is wrong with it.
  */
 CTL_API int ctl_curve_read_key(const char *path, bool secret,
                        char key[CTL_CURVE_KEY_BUF], ctl_error *err);
 
 /*
  * Read an allowlist: one public key per line ('#' comments and blank lines
- * ignored). On success *keys is a malloc'd array of *count keys (caller
- * frees it with free()). CTL_INVALID naming the file and line otherwise.
+ * ignored), with the file rules above; a key listed twice and a secret key
+ * file pasted in (its header line) are refused too. On success *keys is a
+ * malloc'd array of *count keys (caller frees it with free()). CTL_INVALID
+ * naming the file and line otherwise.
  */
 CTL_API int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_KEY_BUF],
                              size_t *count, ctl_error *err);

@@ -81,7 +81,10 @@ typedef enum ctl_kind {
     X(REFUSED, "refused", "the connection was refused (nothing listens)")     \
     X(UNRESOLVED, "unresolved", "the unit's host name does not resolve")      \
     X(AUTH, "auth", "the CURVE handshake failed (keys or allowlist)")         \
-    X(TOO_LARGE, "too-large", "a message was larger than the size limit")
+    X(TOO_LARGE, "too-large", "a message was larger than the size limit")     \
+    X(CANCELLED, "cancelled", "the caller cancelled the call, or destroyed "  \
+                              "its client")                                   \
+    X(LIMIT, "limit", "the client had max_in_flight requests in flight")
 
 typedef enum ctl_cause {
 #define CTL_CAUSE_ENUM_(name, str, desc) CTL_CAUSE_##name,
@@ -141,7 +144,11 @@ CTL_API void ctl_error_clear(ctl_error *err);
  * `kind` so that `return ctl_error_set(err, CTL_INVALID, ...)` reads well.
  * Busy reasons and Missing blobs are added with the functions below. If the
  * message cannot be allocated, `msg` points to a constant fallback text
- * (never NULL) and the kind is kept.
+ * (never NULL) and the kind is kept. Every setter builds the new error
+ * before it releases the old one, so its arguments may point into `err`
+ * itself: ctl_error_set(err, k, "ctx: %s", err->msg) wraps a message in
+ * place, and so does passing err->reason or err->blobs to the functions
+ * below.
  */
 CTL_API int ctl_error_set(ctl_error *err, ctl_kind kind, const char *fmt, ...) CTL_PRINTF(3, 4);
 CTL_API int ctl_error_setv(ctl_error *err, ctl_kind kind, const char *fmt, va_list ap) CTL_PRINTF(3, 0);

@@ -43,7 +43,7 @@ extern "C" {
 /* The interface generated code is written against. Generated headers check
  * it (`#if CTL_GEN_ABI != N` / `#error`) and must be regenerated when it
  * changes. */
-#define CTL_GEN_ABI 3
+#define CTL_GEN_ABI 4
 
 /* ---- decoding context ------------------------------------------------ */
 
@@ -168,6 +168,11 @@ CTL_API extern const ctl_type ctl_type_bin;
  * list/map with more than 2^32-1 entries or NULL items). */
 CTL_API int ctl_type_pack(msgpack_packer *pk, const ctl_type *type, const void *value);
 
+/* The bytes ctl_type_pack would write for the C value at `value` (exact;
+ * SIZE_MAX when the sum would not fit a size_t). Lets a unit refuse a
+ * result over its reply bound before packing any of it. */
+CTL_API size_t ctl_type_packed_size(const ctl_type *type, const void *value);
+
 /* Decode `o` as `type` into the C value at `out` (records and args start
  * from their defaults). 0, or -1 with `d` saying where and what. */
 CTL_API int ctl_type_decode(const msgpack_object *o, const ctl_type *type, void *out,
@@ -195,7 +200,7 @@ typedef struct ctl_error_kind {
 
 typedef struct ctl_op_desc {
     const char *name;
-    unsigned flags;          /* CTL_OP_NOREPLY */
+    unsigned flags;          /* CTL_OP_NOREPLY, CTL_OP_IDEMPOTENT */
     /* What the op may fail with beside Protocol: built-in kinds
      * (CTL_RAISES_*) and the declared kinds it lists. A handler that fails
      * with anything else is answered with a Protocol error naming the op
@@ -242,6 +247,35 @@ CTL_API int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
 /* Release what `count` outcomes of `op` hold (replies and errors). */
 CTL_API void ctl_stub_outcomes_fini(const ctl_op_desc *op, void *outcomes,
                             size_t count);
+
+/* The generated trampolines that call a typed completion: `done` is the
+ * typed callback, cast to a generic function pointer and back. */
+typedef void ctl_stub_thunk(void (*done)(void), void *user, const ctl_error *err,
+                            const void *result);
+typedef void ctl_stub_many_thunk(void (*done)(void), void *user, void *outcomes,
+                                 size_t count);
+
+/*
+ * Start `op` asynchronously (ctlrpc/client.h, "Asynchronous calls"); the
+ * args are packed (copied) before it returns. On completion the result is
+ * decoded into memory owned by the call and `thunk` calls `done` with it
+ * (NULL on failure). Returns 0, or a negative kind when the call could not
+ * start (logged through the client's log, at most once a second for each
+ * cause): nothing was sent and nothing will complete.
+ */
+CTL_API int ctl_stub_call_start(ctl_client *client, const char *address,
+                                const ctl_op_desc *op, const void *args,
+                                int timeout_ms, ctl_stub_thunk *thunk,
+                                void (*done)(void), void *user, ctl_call **call);
+
+/* The fan-out of ctl_stub_call_start: `thunk` calls `done` with `count`
+ * <op>_outcome records (owned by the call), filled as by ctl_stub_call_many. */
+CTL_API int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
+                                     const char *const *addresses,
+                                     const void *args, size_t count,
+                                     int timeout_ms, ctl_stub_many_thunk *thunk,
+                                     void (*done)(void), void *user,
+                                     ctl_call **call);
 
 /* Notify `op` with `args` (NULL when it takes none). */
 CTL_API int ctl_stub_notify(ctl_client *client, const char *address,

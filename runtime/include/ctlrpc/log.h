@@ -40,7 +40,15 @@ typedef enum ctl_log_level {
 #define CTL_LOG_DEFAULT CTL_LOG_WARN
 
 /* A sink: receives each line that passes the level, without its newline
- * (NUL-terminated), one call per line, never two at once. */
+ * (NUL-terminated), one call per line, never two at once (calls are
+ * serialized by a lock of the log's, held while the sink runs). A sink may
+ * call ctl_log: that line goes to stderr, not to the sink again, and
+ * nothing deadlocks; it may call ctl_log_set_sink (the new sink takes the
+ * next line). What a sink must not do is wait for another thread that is
+ * logging at that moment (a lock of its own that such a thread holds while
+ * it calls ctl_log, or joining it): that thread waits for the sink. Called
+ * on the thread that logs, which may be a unit's serving, monitor or ZAP
+ * thread: a slow sink slows them. */
 typedef void (*ctl_log_fn)(void *ctx, ctl_log_level level, const char *line);
 
 CTL_API void ctl_log_set_level(ctl_log_level level);

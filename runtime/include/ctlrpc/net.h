@@ -11,6 +11,7 @@
 #ifndef CTLRPC_NET_H
 #define CTLRPC_NET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "ctlrpc/error.h"
@@ -57,6 +58,22 @@ CTL_API int ctl_endpoint_parse(const char *text, ctl_endpoint *out, ctl_error *e
  * Returns 0, or CTL_INVALID when `buflen` is too small. */
 CTL_API int ctl_endpoint_format(const ctl_endpoint *ep, char *buf, size_t buflen,
                         ctl_error *err);
+
+/* Whether `host` (NUL-terminated, as in ctl_endpoint.host) is an IP
+ * address, which needs no name lookup: dotted IPv4, or IPv6 with or
+ * without its brackets ("[::1]", "::1"). False for names, "*" and "". */
+CTL_API bool ctl_endpoint_host_literal(const char *host);
+
+/*
+ * Whether a ZeroMQ socket that binds or connects `ep` must have IPv6
+ * enabled (ZMQ_IPV6): true for a bracketed IPv6 host ("tcp://[::1]:4100")
+ * and for a host name that has IPv6 addresses and no IPv4 one (which
+ * ZeroMQ cannot resolve otherwise). False for IPv4 addresses, "*" and
+ * names with an IPv4 address: ZeroMQ with IPv6 enabled would prefer a
+ * name's IPv6 address, and bind IPv4 ones as IPv4-mapped IPv6, so these
+ * keep plain IPv4. Blocking: for a name, one name lookup (getaddrinfo).
+ */
+CTL_API bool ctl_endpoint_needs_ipv6(const ctl_endpoint *ep);
 
 #ifdef __cplusplus
 }

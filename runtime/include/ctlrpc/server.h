@@ -57,7 +57,11 @@ typedef int (*ctl_handler_fn)(void *user, const msgpack_object *args,
 
 /* Op flags. */
 enum {
-    CTL_OP_NOREPLY = 1u << 0 /* notify op: never answered */
+    CTL_OP_NOREPLY = 1u << 0,   /* notify op: never answered */
+    CTL_OP_IDEMPOTENT = 1u << 1 /* declared `idempotent` in the IDL: running
+                                   it twice does what running it once does,
+                                   so a client may retry it after a timeout
+                                   or a failure mid-call (docs/IDL.md) */
 };
 
 /* The typed description of a generated op (ctlrpc/gen.h). */
@@ -100,8 +104,9 @@ typedef struct ctl_service {
 } ctl_service;
 
 typedef struct ctl_server_options {
-    /* Where to bind: "tcp://host:port"; port 0 or "*" picks a free one.
-     * NULL means "tcp://<ctl_node_ip()>:0". */
+    /* Where to bind: "tcp://host:port"; port 0 or "*" picks a free one;
+     * IPv6 as "tcp://[::1]:0" (ctl_endpoint_needs_ipv6 says when ZeroMQ's
+     * IPv6 is turned on). NULL means "tcp://<ctl_node_ip()>:0". */
     const char *endpoint;
     /* Held around every handler call. NULL: the server uses a lock of its
      * own (see ctl_server_lock). Borrowed; must outlive the server. */
@@ -116,15 +121,71 @@ typedef struct ctl_server_options {
     const char *curve_secret_key;
     /* With a secret key: the client public keys (Z85, copied) allowed to
      * connect; a count of 0 allows any client that knows the unit's public
-     * key. Needs the ZAP endpoint of the ZeroMQ context, so at most one
-     * unit with an allowlist per context (the default private context is
-     * always free). */
+     * key. Checked by the runtime's ZAP handler of the ZeroMQ context, one
+     * per context, shared by every unit with an allowlist on it (each
+     * judged by its own list) and served on a thread of its own. A ZAP
+     * handler of the program's own on a shared context holds the endpoint:
+     * ctl_server_new then fails (CTL_INVALID, saying so). */
     const char *const *curve_allow;
     size_t curve_allow_count;
     /* Answer the built-in op _describe (which returns the service's IDL)
      * with a Protocol error "describe is turned off on this unit". */
     bool describe_off;
+    /* The largest reply payload the unit sends, in bytes; 0: the message
+     * limit (limits.max_msg_bytes), which is also what a client accepts by
+     * default. A reply that would be larger is refused with a Protocol
+     * error saying so: a generated op's result is measured before any of
+     * it is packed (ctl_type_packed_size), and a hand-written handler's
+     * packing stops at the bound, so no reply costs the unit more than this
+     * much memory to build. */
+    size_t max_reply_bytes;
+    /* Most replies queued for one connection that the peer has not read
+     * (ZMQ_SNDHWM, a count: ZeroMQ has no byte bound); beyond it a reply is
+     * not sent and counted in send_failures. So a peer that never reads
+     * its replies pins at most about max_queued_replies * max_reply_bytes,
+     * plus the kernel's socket buffer. 0: 1000 (ZeroMQ's default; honest
+     * clients have one call per connection in flight, or a window of
+     * pipelined ones). */
+    unsigned max_queued_replies;
+    /* Dead and silent peers are reaped. A connection must complete its
+     * ZeroMQ handshake within handshake_timeout_ms (ZMQ_HANDSHAKE_IVL; 0:
+     * CTL_DEFAULT_HANDSHAKE_MS; negative: no limit). Once connected, the
+     * unit sends a heartbeat (a ZMTP PING) every heartbeat_ms (0:
+     * CTL_DEFAULT_HEARTBEAT_MS; negative: none) and closes a connection
+     * that has sent nothing, not even the PONG every ZeroMQ peer answers
+     * on its own, for heartbeat_timeout_ms (0: three heartbeats). Honest
+     * clients, idle or not, answer and stay; a client whose connection was
+     * closed (it was frozen, say) reconnects by itself. */
+    int handshake_timeout_ms;
+    int heartbeat_ms;
+    int heartbeat_timeout_ms;
+    /* Caps on open connections (0: none): at most max_connections at once,
+     * and at most max_connections_per_address from one IP address. The
+     * runtime's ZAP handler enforces them during each handshake, for every
+     * mechanism (it sees the peer's address); a connection over a cap is
+     * refused (the client's call fails as a refused handshake, and its
+     * ZeroMQ keeps retrying), counted in ctl_server_stats.conn_refused and
+     * logged (warn, at most a line a second). The counts come from the
+     * socket monitor, so a burst of connections may pass a cap by the few
+     * whose handshakes are under way at that moment. Needs the ZAP endpoint
+     * of the context, as an allowlist does. */
+    unsigned max_connections;
+    unsigned max_connections_per_address;
+    /* Deadlines (docs/PROTOCOL.md, "Deadlines"): a request whose id carries
+     * its caller's deadline ("<unique>@<ms since the Unix epoch>") and
+     * whose deadline has passed by more than this many milliseconds when
+     * its turn comes is skipped: its handler does not run, nothing is sent
+     * (its caller has given up), and it is counted in
+     * ctl_server_stats.expired. The allowance covers clock skew between
+     * the caller's host and the unit's. 0: CTL_DEFAULT_DEADLINE_SKEW_MS;
+     * negative: no check (every request runs, as before). Built-in ops are
+     * answered whatever their deadline. */
+    int deadline_skew_ms;
 } ctl_server_options;
+
+#define CTL_DEFAULT_HANDSHAKE_MS 5000
+#define CTL_DEFAULT_HEARTBEAT_MS 10000
+#define CTL_DEFAULT_DEADLINE_SKEW_MS 1000
 
 /* Set `opts` to the defaults (all zero/NULL). */
 CTL_API void ctl_server_options_init(ctl_server_options *opts);
@@ -173,9 +234,25 @@ typedef struct ctl_server_stats {
     uint64_t connections;        /* open now */
     uint64_t disconnects;        /* closed by the peer, or by libzmq (a
                                     request over max_msg_bytes) */
+    uint64_t conn_refused;       /* connections refused by a cap
+                                    (max_connections, ..._per_address) */
+    uint64_t expired; /* requests skipped unserved and unanswered: their
+                         deadline had passed by more than deadline_skew_ms
+                         (also counted in requests, and in their op's
+                         calls and dropped) */
 } ctl_server_stats;
 
 CTL_API void ctl_server_stats_get(const ctl_server *server, ctl_server_stats *out);
+
+/* Replace the allowlist of a unit started with one (curve_allow) for the
+ * handshakes from now on; connections already admitted stay (a revoked
+ * client is shut out when it next connects). The keys are checked and
+ * copied before anything changes: on an error (CTL_INVALID naming the key:
+ * malformed, the unit's own secret key, no keys, a unit without an
+ * allowlist) the old list is kept. Any thread (ctl-storage-unit calls it
+ * on SIGHUP). */
+CTL_API int ctl_server_set_allowlist(ctl_server *server, const char *const *keys,
+                                     size_t count, ctl_error *err);
 
 /*
  * Per-op figures (docs/OPERATIONS.md, "Per-op metrics"). Entries 0 to
@@ -187,7 +264,8 @@ typedef struct ctl_op_stats {
     const char *name;   /* the op's name (owned by the table or the runtime) */
     uint64_t calls;     /* requests for the op, served or refused */
     uint64_t errors;    /* error replies (for a notify op: failures) */
-    uint64_t dropped;   /* requests not answered: bad args of a notify op */
+    uint64_t dropped;   /* requests not answered: bad args of a notify op,
+                           or expired (ctl_server_stats.expired) */
     uint64_t bytes_in;  /* request payload bytes */
     uint64_t bytes_out; /* reply payload bytes sent */
     /* From the fixed log-scale buckets: the upper edge of the bucket that
@@ -219,8 +297,10 @@ CTL_API void ctl_server_health_get(const ctl_server *server, ctl_server_health *
 /*
  * Stop serving: wake the server thread at once (it may be waiting on the
  * socket; a running handler is let finish), join it and close the socket.
- * Requests not yet read are dropped; callers time out. Safe to call twice
- * and with NULL. Blocking: until the current handler, if any, returns.
+ * Requests not yet read are dropped; callers time out. A server
+ * registered in etcd then revokes its lease (its key is gone; at most the
+ * registration's request deadline). Safe to call twice and with NULL.
+ * Blocking: until the current handler, if any, returns.
  */
 CTL_API void ctl_server_close(ctl_server *server);
 
@@ -233,9 +313,14 @@ CTL_API void ctl_server_close(ctl_server *server);
  * the last replies are sent (waiting at most the time left) and the server
  * closes as ctl_server_close does; requests sent after that are not
  * accepted. So a caller sees its reply or a Busy "draining" it can act on,
- * rather than waiting out its deadline. Blocking: at most about
- * `timeout_ms` plus the running handler. Does nothing after close; accepts
- * NULL.
+ * rather than waiting out its deadline. The same on every serving path (a
+ * private or a borrowed context, with or without an allowlist, whose
+ * handshakes are answered throughout). A server registered in etcd
+ * (ctl_server_register, ctlrpc/directory.h) is first marked draining there
+ * (waiting at most 2 s more). Blocking: at most about `timeout_ms` (at
+ * least about 150 ms: an idle unit's thread looks at the drain every
+ * 100 ms) plus what is left of the running handler. Does nothing after
+ * close; accepts NULL.
  */
 CTL_API void ctl_server_drain(ctl_server *server, int timeout_ms);
 

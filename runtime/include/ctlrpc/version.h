@@ -5,7 +5,7 @@
  * gen/ctlrpc_gen/version.py; the build refuses to configure when the two
  * disagree) and the packages. Generated code is built for the runtime of
  * the same version: ctlrpc_generate() refuses a generator of another one.
- * The shared library's SONAME carries CTLRPC_SOVERSION (libctlrpc.so.0).
+ * The shared library's SONAME carries CTLRPC_SOVERSION (libctlrpc.so.1).
  */
 #ifndef CTLRPC_VERSION_H
 #define CTLRPC_VERSION_H
@@ -13,16 +13,16 @@
 #include "ctlrpc/export.h"
 
 #define CTLRPC_VERSION_MAJOR 0
-#define CTLRPC_VERSION_MINOR 1
+#define CTLRPC_VERSION_MINOR 2
 #define CTLRPC_VERSION_PATCH 0
-#define CTLRPC_VERSION_STRING "0.1.0"
-#define CTLRPC_SOVERSION 0
+#define CTLRPC_VERSION_STRING "0.2.0"
+#define CTLRPC_SOVERSION 1
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The version of the libctlrpc linked at run time ("0.1.0"), which may
+/* The version of the libctlrpc linked at run time ("0.2.0"), which may
  * differ from CTLRPC_VERSION_STRING, the one compiled against. */
 CTL_API const char *ctl_version(void);
 

@@ -6,4 +6,4 @@ assignment below exactly in the form `__version__ = "X.Y.Z"`, alone on its line,
 nothing here.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -77,12 +77,16 @@ class BadReply(WireError):
 @dataclass
 class Request:
     """A decoded request. `op` and `id` are always usable; when `bad` is set (args not a map,
-    truncated, too deep, trailing bytes...) it says what is wrong and `args` is None."""
+    truncated, too deep, trailing bytes...) it says what is wrong and `args` is None. Args with
+    a key that is not a str are a map all the same (the C runtime's envelope takes them too):
+    `odd_key` is then the first such key, for the layer that knows the op's args to judge."""
 
     op: str
     id: str
     args: Optional[Dict[str, Any]]
     bad: Optional[str] = None
+    odd_key: Any = None
+    has_odd_key: bool = False
 
 
 @dataclass
@@ -212,6 +216,56 @@ def pack(obj: Any) -> bytes:
     return out
 
 
+def _int_size(v: int) -> int:
+    if -32 <= v <= 127:
+        return 1
+    if v >= 0:
+        return 2 if v < 1 << 8 else 3 if v < 1 << 16 else 5 if v < 1 << 32 else 9
+    return 2 if v >= -(1 << 7) else 3 if v >= -(1 << 15) else 5 if v >= -(1 << 31) else 9
+
+
+def _head_size(n: int, fix: int) -> int:
+    """The header of a str, bin, array or map of n items (fix: the largest fix-size count)."""
+    return 1 if n <= fix else 3 if n < 1 << 16 else 5
+
+
+def packed_size(obj: Any, limit: int) -> Optional[int]:
+    """How many bytes `pack(obj)` makes, counted without packing, or a number over `limit` as
+    soon as that is certain (so a result of many large blobs costs no copy and no full walk).
+    None for a value whose size it cannot tell (a type msgpack packs by a hook): pack and
+    measure then."""
+    total = 0
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if v is None or t is bool:
+            total += 1
+        elif t is int:
+            total += _int_size(v)
+        elif t is float:
+            total += 9
+        elif t is str:
+            n = len(v) if v.isascii() else len(v.encode("utf-8", "surrogateescape"))
+            total += _head_size(n, 31) + n if n > 255 or n <= 31 else 2 + n
+        elif t is bytes or t is bytearray or t is memoryview:
+            n = v.nbytes if t is memoryview else len(v)
+            total += (2 if n < 1 << 8 else 3 if n < 1 << 16 else 5) + n
+        elif t is list or t is tuple:
+            total += _head_size(len(v), 15)
+            stack.extend(v)
+        elif t is dict:
+            total += _head_size(len(v), 15)
+            for k, item in v.items():
+                stack.append(k)
+                stack.append(item)
+        else:
+            return None
+        if total > limit:
+            return total
+    return total
+
+
 def pack_request(op: str, rid: str, args: Optional[Mapping[str, Any]]) -> bytes:
     """`[op, rid, args]` (an empty map for None)."""
     return pack([op, rid, {} if args is None else dict(args)])
@@ -235,6 +289,31 @@ def pack_error_reply(rid: str, kind: str, msg: str, reason: Optional[str] = None
                      blobs: Optional[List[str]] = None) -> bytes:
     """`[rid, false, {kind, msg, reason, blobs}]`."""
     return pack([rid, False, error_map(kind, msg, reason, blobs)])
+
+
+# ---- deadlines in ids -------------------------------------------------------------------------
+
+# The longest deadline a unit reads from an id (docs/PROTOCOL.md, "Deadlines").
+ID_DEADLINE_MAX_DIGITS = 16
+
+
+def format_id(unique: int, deadline_ms: int) -> str:
+    """A request id as the runtimes make them: the low 48 bits of `unique` as 12 lowercase hex
+    digits, '@', and the call's deadline in milliseconds since the Unix epoch (wall clock) as
+    13 decimal digits, zero-padded and clamped to what they hold (the C runtime's
+    ctl_call_format_id)."""
+    return "%012x@%013d" % (unique & 0xFFFFFFFFFFFF, min(max(deadline_ms, 0), 9999999999999))
+
+
+def id_deadline(rid: str) -> Optional[int]:
+    """The deadline (ms since the Unix epoch) that request id `rid` carries: when its last '@'
+    is followed by 1 to 16 ASCII decimal digits and nothing else; otherwise (the reference
+    design's 12 hex digits, "", anything else) None (the C runtime's ctl_env_id_deadline)."""
+    _, at, digits = rid.rpartition("@")
+    if not at or not 0 < len(digits) <= ID_DEADLINE_MAX_DIGITS or not digits.isascii() \
+            or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 # ---- decoding ---------------------------------------------------------------------------------
@@ -278,7 +357,12 @@ def _read_str(data: bytes, pos: int) -> Tuple[Optional[str], int]:
 
 
 def _unpack_one(data: memoryview) -> Any:
-    """Unpack `data`, which wire_check has passed as exactly one object. Raises ValueError."""
+    """Unpack `data`, which wire_check has passed as exactly one object. Raises ValueError.
+
+    An ext of type -1 (msgpack's timestamp) whose length is not a timestamp's (4, 8 or 12
+    bytes) is an ExtType(-1, data) here, as any other ext: the C runtime reads every ext as an
+    opaque ext, so a malformed timestamp is judged where its value is used (a typed op: "expected
+    bin, got ext"), not refused with the whole request."""
     n = len(data)
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False,
@@ -286,7 +370,70 @@ def _unpack_one(data: memoryview) -> Any:
                                max_str_len=n, max_bin_len=n, max_array_len=n,
                                max_map_len=n, max_ext_len=n)
     except Exception as e:  # the decoder's exceptions vary (ValueError, TypeError, ...)
-        raise ValueError(f"cannot be decoded ({type(e).__name__})") from None
+        failure = e
+    exts = _exts(bytes(data))
+    bad = [at for at, code, size in exts if code == -1 and size not in (4, 8, 12)]
+    if bad:
+        # Retype the malformed timestamps to a code the message does not use, and back.
+        used = {code for _, code, _ in exts}
+        stand_in = next(c for c in range(128) if c not in used)
+        fixed = bytearray(data)
+        for at in bad:
+            fixed[at] = stand_in
+
+        def ext_hook(code: int, body: bytes) -> Any:
+            if code == stand_in:  # ExtType itself refuses a negative code
+                return tuple.__new__(msgpack.ExtType, (-1, body))
+            return msgpack.ExtType(code, body)
+        try:
+            return msgpack.unpackb(bytes(fixed), raw=False, strict_map_key=False,
+                                   unicode_errors="surrogateescape", ext_hook=ext_hook,
+                                   max_str_len=n, max_bin_len=n, max_array_len=n,
+                                   max_map_len=n, max_ext_len=n)
+        except Exception as e:
+            failure = e
+    raise ValueError(f"cannot be decoded ({type(failure).__name__})") from None
+
+
+# Sizes for _exts: the bytes after the head byte of a fixed-size value, and the length bytes of
+# str, bin and ext; a container's head (its children follow it inline) takes only its count.
+_AFTER_HEAD = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,
+               0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xDC: 2, 0xDD: 4, 0xDE: 2, 0xDF: 4}
+_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
+_EXT_LENGTH_BYTES = {0xC7: 1, 0xC8: 2, 0xC9: 4}
+_FIXEXT_SIZE = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+
+
+def _exts(data: bytes) -> List[Tuple[int, int, int]]:
+    """(where its type byte is, its type, its size) for every ext in `data`, well-formed msgpack
+    (a prefix code: a walk over the heads in order meets every value)."""
+    out = []
+    pos, n = 0, len(data)
+    while pos < n:
+        b = data[pos]
+        if b <= 0x9F or b >= 0xE0:  # fixint, fixmap, fixarray, negative fixint
+            pos += 1
+        elif b <= 0xBF:
+            pos += 1 + (b & 0x1F)
+        elif b in _AFTER_HEAD:
+            pos += 1 + _AFTER_HEAD[b]
+        elif b in _LENGTH_BYTES:
+            k = _LENGTH_BYTES[b]
+            pos += 1 + k + int.from_bytes(data[pos + 1:pos + 1 + k], "big")
+        elif b in _FIXEXT_SIZE or b in _EXT_LENGTH_BYTES:
+            if b in _FIXEXT_SIZE:
+                k, size = 0, _FIXEXT_SIZE[b]
+            else:
+                k = _EXT_LENGTH_BYTES[b]
+                size = int.from_bytes(data[pos + 1:pos + 1 + k], "big")
+            at = pos + 1 + k
+            if at >= n:
+                break
+            out.append((at, data[at] - 256 if data[at] >= 128 else data[at], size))
+            pos = at + 1 + size
+        else:  # 0xc1: never used
+            break
+    return out
 
 
 # The fast path of _read_body: bodies up to this long whose bytes cannot open more levels than
@@ -343,10 +490,13 @@ def _read_body(data: bytes, pos: int, limits: Limits, what: str) -> Any:
 
 
 def show(text: str, limit: int = 64) -> str:
-    """`text` safe to put in a message: non-printable characters escaped, long text cut."""
-    cut = text[:limit]
-    shown = cut if cut.isprintable() else repr(cut)[1:-1]
-    return shown + ("..." if len(text) > limit else "")
+    """`text` safe to put in a message, as the C runtime shows a name (ctl_show): its bytes
+    (UTF-8; undecodable bytes as they came), printable ASCII but the backslash as it is, every
+    other byte as \\xNN, cut after `limit` bytes with "..."."""
+    raw = text.encode("utf-8", "surrogateescape")
+    shown = "".join(chr(c) if 0x20 <= c < 0x7F and c != 0x5C else f"\\x{c:02x}"
+                    for c in raw[:limit])
+    return shown + ("..." if len(raw) > limit else "")
 
 
 def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
@@ -379,8 +529,8 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     if not isinstance(args, dict):
         return Request(op, rid, None, f"args must be a map, not {type_name(args)}")
     for key in args:
-        if not isinstance(key, str):
-            return Request(op, rid, None, f"args keys must be strings, not {type_name(key)}")
+        if type(key) is not str:
+            return Request(op, rid, args, odd_key=key, has_odd_key=True)
     return Request(op, rid, args)
 
 

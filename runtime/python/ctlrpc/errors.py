@@ -43,6 +43,9 @@ class Error(Exception):
     """Every failure of a call. Raised by a handler, it is answered as a Protocol error."""
 
     kind: ClassVar[str] = "Protocol"
+    # How many attempts the call made (its retries included) before it failed this way; the
+    # message ends "(after N attempts)" when more than one.
+    attempts: int = 1
 
     def __init__(self, msg: str = "", *, address: str = "", op: str = "") -> None:
         super().__init__(msg)
@@ -108,6 +111,9 @@ class Transfer(Error):
 
     kind: ClassVar[str] = "Protocol"
     cause: str
+    # True when the client knows the request never left (the message says "nothing was sent"
+    # or "not sent"): it never reached a handler, and never will.
+    unsent: bool = False
 
     def __init__(self, msg: str = "", *, cause: str = "transport",
                  remote_kind: Optional[str] = None, reason: Optional[str] = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import ipaddress
+import itertools
 import os
 import socket
 import struct
@@ -47,7 +48,9 @@ class Endpoint:
 
 
 def _valid_hostname(h: str) -> bool:
-    if not 0 < len(h) <= 253 or h[0] in "-.":
+    # ZeroMQ's own rule for a host it will dial or bind: the first character a letter or a
+    # digit, then letters, digits, '-', '.' or '_' (it refuses '_bad-host' at connect).
+    if not 0 < len(h) <= 253 or not (h[0].isascii() and h[0].isalnum()):
         return False
     return all(c.isascii() and (c.isalnum() or c in "-._") for c in h)
 
@@ -79,7 +82,9 @@ def parse_endpoint(text: str) -> Endpoint:
             raise ValueError(f"endpoint '{text}': '{host[1:-1]}' is not an IPv6 address") \
                 from None
     elif host != "*" and not _valid_hostname(host):
-        raise ValueError(f"endpoint '{text}': host '{host}' is not a hostname or IPv4 address")
+        raise ValueError(f"endpoint '{text}': host '{host}' is not a hostname or IPv4 address "
+                         "(a hostname starts with a letter or a digit, then letters, digits, "
+                         "'-', '.' or '_')")
     if port == "*":
         return Endpoint(host, 0, True)
     if not port:
@@ -163,11 +168,80 @@ def node_ip() -> str:
     return _probe_route() or _first_interface() or "127.0.0.1"
 
 
+def wants_ipv6(host: str) -> bool:
+    """Whether a socket for `host` (as parse_endpoint keeps it) needs ZMQ_IPV6: every host but
+    an IPv4 address and the wildcard `*`. A bracketed IPv6 address does; a name does too, so a
+    name with only AAAA records resolves (ZeroMQ then asks the resolver for IPv6 addresses and,
+    where a name has none, for its IPv4 ones mapped into IPv6)."""
+    if host == "*":
+        return False
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return True
+    return False
+
+
+# The one source of inproc endpoint names (socket monitors): a counter for the life of the
+# process, so a name is never used twice, whatever objects come and go (an object's id() or
+# a socket's descriptor is reused as soon as it is freed, while libzmq releases an inproc name
+# later, on its reaper thread).
+_inproc_ids = itertools.count()
+
+
+def inproc_name(what: str) -> str:
+    """A fresh `inproc://ctlrpc-<what>-<pid>-<n>` endpoint, never returned twice in a process."""
+    return f"inproc://ctlrpc-{what}-{os.getpid()}-{next(_inproc_ids)}"
+
+
+def open_monitor(ctx: "zmq.Context[Any]", sock: "zmq.Socket[Any]", events: int,
+                 what: str) -> "zmq.Socket[Any]":
+    """Start `sock`'s monitor for `events` on a fresh inproc name and return the PAIR socket
+    that reads it (no linger, no receive limit: ZeroMQ sends monitor events blocking, so its
+    reader must not refuse them). Set up before a connect or bind, so no event is missed. On
+    failure nothing is left open and the ZMQError is raised."""
+    endpoint = inproc_name(what)
+    sock.monitor(endpoint, events)
+    try:
+        mon: zmq.Socket[Any] = zmq.Socket(ctx, zmq.PAIR)
+    except zmq.ZMQError:
+        stop_monitor(sock)
+        raise
+    try:
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.setsockopt(zmq.MAXMSGSIZE, -1)
+        mon.connect(endpoint)
+    except zmq.ZMQError:
+        mon.close(linger=0)
+        stop_monitor(sock)
+        raise
+    return mon
+
+
+def close_monitor(sock: "zmq.Socket[Any]", mon: "zmq.Socket[Any]") -> None:
+    """Stop `sock`'s monitor and close its reader (before `sock` itself is closed)."""
+    stop_monitor(sock)
+    mon.close(linger=0)
+
+
+def stop_monitor(sock: "zmq.Socket[Any]") -> None:
+    """Stop `sock`'s monitor (its reader gets EVENT_MONITOR_STOPPED if it asked for it)."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+
+
 def monitor_events(mon: "zmq.Socket[Any]") -> Iterator[Tuple[int, int]]:
     """The (event, value) pairs waiting on a socket monitor, without blocking; frames that do
     not parse as a monitor message are skipped."""
     while True:
         try:
+            # Asking first is cheaper than the zmq.Again an empty receive raises (a client
+            # reads a pooled socket's monitor before every request it sends on it).
+            if not int(mon.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                return
             frames = mon.recv_multipart(zmq.NOBLOCK)
         except zmq.ZMQError:
             return

@@ -15,6 +15,8 @@ only reads frames and sends what it returns), in the order of the C runtime's di
       other than [identity, payload] and
       [identity, "", payload]
     [identity, "", payload] (a REQ peer)                answered with the delimiter
+    an id carrying its caller's deadline, past by more  skipped: no handler, nothing sent,
+      than the skew allowance (not a built-in op)         counted in `expired`
 
 With `raises` (op -> the kinds it declares), a handler error of a built-in kind (UnitFull,
 Busy, Missing) or a declared kind that its op does not list goes out as a Protocol error naming
@@ -30,6 +32,9 @@ map. `_stats` reads the per-op counters kept here (`OpCounters`: calls, errors b
 dropped, latency in the C runtime's log-scale buckets, bytes) and the connection events of the
 ROUTER's socket monitor. The prefix `_` is reserved for them: an op table naming one is
 refused.
+
+`Server.register()` puts the unit in etcd (directory.Registration, on a thread of its own):
+`drain()` marks it draining first, `close()` revokes it; serving never waits on etcd.
 """
 
 from __future__ import annotations
@@ -39,14 +44,18 @@ import hashlib
 import logging
 import math
 import os
+import select
+import socket
+import sys
 import threading
 import time
 from typing import (Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
 import zmq
+from zmq.utils import z85
 
-from . import _wire, curve, errors, net
+from . import _threads, _wire, curve, errors, net
 from ._version import __version__
 
 Handler = Callable[[Dict[str, Any]], Any]
@@ -61,7 +70,21 @@ log = logging.getLogger("ctlrpc")
 
 COUNTERS = ("requests", "replies", "dropped", "send_failures", "undeclared", "auth_denied",
             "unknown_op", "bytes_in", "bytes_out", "handshake_failures", "accept_failures",
-            "accepted", "disconnects")
+            "accepted", "disconnects", "expired", "conn_refused")
+
+# The bounds on what a peer can make a unit hold, as the C unit's (server.h,
+# ctl_server_options): replies queued per connection (ZMQ_SNDHWM), the time a connection has to
+# finish its handshake, the heartbeat that reaps silent peers.
+DEFAULT_MAX_QUEUED_REPLIES = 1000
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT = 10.0
+# Frames of one message read per turn of the serving loop: between turns the close pipe and
+# the ZAP handler are looked at, so a message of millions of tiny frames never stops a close,
+# a drain or new clients' handshakes for long. A message of more than three frames is dropped
+# (counted in `dropped`) once it has been read to its end.
+FRAMES_PER_TURN = 1 << 16
+DEFAULT_DEADLINE_SKEW = 1.0  # seconds: the C runtime's CTL_DEFAULT_DEADLINE_SKEW_MS
+EXPIRED_LOG_EVERY = 1.0  # skipped requests are logged at most this often
 
 BUILTINS = ("_describe", "_health", "_stats")
 # The kinds every op's errors are counted by, then `_other` (a declared kind a hand-written op
@@ -72,7 +95,11 @@ LAT_BUCKETS = 128
 # The ROUTER's connection events the unit counts (the C unit's SERVER_EVENTS).
 _MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                   | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
+LOG_EVERY = 1.0  # a kind of refusal line is logged at most this often
+MONITOR_POLL_MS = 100  # the monitor thread looks at its stop flag this often
+DRAIN_SLACK = 0.1  # drain() returns at most this long after its timeout
 
 
 def lat_bucket(us: int) -> int:
@@ -164,7 +191,12 @@ class Dispatch:
                  lock: Optional[Any] = None, limits: _wire.Limits = _wire.DEFAULT_LIMITS,
                  name: str = "", describe: bool = True,
                  idl: Sequence[Tuple[str, Union[str, bytes]]] = (),
-                 idl_sha256: Optional[str] = None) -> None:
+                 idl_sha256: Optional[str] = None,
+                 max_reply_bytes: Optional[int] = None,
+                 deadline_skew: Optional[float] = DEFAULT_DEADLINE_SKEW) -> None:
+        self.deadline_skew_ms = _skew_ms(deadline_skew)
+        self._expired_log_at = 0.0  # monotonic: when the last skipped request was logged
+        self._expired_unlogged = 0
         for op, fn in handlers.items():
             if not isinstance(op, str) or not op:
                 raise ValueError(f"server: op name {op!r} is not a non-empty string")
@@ -192,6 +224,10 @@ class Dispatch:
                 self.raises[op] = frozenset(kinds)
         self.lock: Any = threading.Lock() if lock is None else lock
         self.limits = limits
+        # The largest reply sent (default: the message limit); a larger one is refused with a
+        # Protocol error saying so, measured before it is packed.
+        self.max_reply_bytes = limits.max_msg_bytes if max_reply_bytes is None \
+            else max_reply_bytes
         self.name = name
         self.draining = False
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
@@ -252,6 +288,9 @@ class Dispatch:
             cur.bytes_in += len(frames[count - 1])
         if rq.op in BUILTINS:
             return head + [self._builtin(rq)]
+        # Before anything else is done for it: its caller waits no more.
+        if self.deadline_skew_ms >= 0 and self._expired(rq.id, rq.op):
+            return None
         handler = self.handlers.get(rq.op)
         noreply = rq.op in self.notify
         if self.draining:
@@ -273,6 +312,15 @@ class Dispatch:
                 return None
             cur.count_error("Protocol")
             return head + [self._refuse(rq.id, f"op '{rq.op}': {rq.bad}")]
+        if rq.has_odd_key and not getattr(handler, "checks_arg_names", False):
+            # A handler of an op table gets str keys only; a generated op's checks them
+            # against its args itself, in the C stubs' words.
+            if noreply:
+                cur.dropped += 1
+                return None
+            cur.count_error("Protocol")
+            return head + [self._refuse(rq.id, f"op '{rq.op}': arg names must be strings, not "
+                                        f"{_wire.type_name(rq.odd_key)}")]
 
         failure: Optional[BaseException] = None
         result: Any = None
@@ -289,15 +337,64 @@ class Dispatch:
             return None
         if failure is None:
             try:
-                return head + [_wire.pack_reply(rq.id, result)]
+                return head + [self._reply(rq, result)]
             except (TypeError, ValueError, OverflowError) as e:
                 cur.count_error("Protocol")
                 return head + [self._refuse(rq.id, f"op '{rq.op}': its result cannot be "
                                             f"packed: {e}")]
         return head + [self._error_reply(rq.op, rq.id, failure)]
 
+    def _expired(self, rid: str, op: str) -> bool:
+        """Whether the request is to be skipped: its id carries a deadline (docs/PROTOCOL.md,
+        "Deadlines") that passed more than the skew allowance ago. Then it is counted (in
+        `expired`, and in its op's `dropped`), and logged at most once a second, at info."""
+        deadline = _wire.id_deadline(rid)
+        if deadline is None:
+            return False
+        late = time.time() * 1000 - deadline
+        if late <= self.deadline_skew_ms:
+            return False
+        self.counters["expired"] += 1
+        if self.cur is not None:
+            self.cur.dropped += 1
+        now = time.monotonic()
+        if now - self._expired_log_at < EXPIRED_LOG_EVERY or not log.isEnabledFor(logging.INFO):
+            self._expired_unlogged += 1
+            return True
+        more = (f" ({self._expired_unlogged} more like this since the last such line)"
+                if self._expired_unlogged else "")
+        self._expired_log_at, self._expired_unlogged = now, 0
+        log.info("ctlrpc server: skipped a request for '%s' unserved: its deadline passed %d ms "
+                 "ago, more than the allowance of %d ms (deadline_skew), so its caller has "
+                 "given up%s", _wire.show(op), late, self.deadline_skew_ms, more)
+        return True
+
     def _refuse(self, rid: str, msg: str) -> bytes:
         return _wire.pack_error_reply(rid, "Protocol", msg)
+
+    def _reply(self, rq: _wire.Request, result: Any) -> bytes:
+        """`[id, true, result]`, or the Protocol error of a reply over max_reply_bytes: its
+        size is counted before anything is packed, so a get of many large blobs costs no copy
+        (the C runtime's words)."""
+        bound = self.max_reply_bytes
+        # The envelope around the result: [id, true, result].
+        room = bound - (1 + _wire.packed_size(rq.id, bound) + 1)  # type: ignore[operator]
+        need = _wire.packed_size(result, max(room, 0))
+        if need is not None and need > room:
+            if self.cur is not None:
+                self.cur.count_error("Protocol")
+            # `need` stops growing once it is over: for a huge result it is a lower bound.
+            return self._refuse(rq.id, f"op '{_wire.show(rq.op)}': the reply would be larger "
+                                f"than this unit's max_reply_bytes ({bound} bytes; the result "
+                                f"alone is at least {need}): ask for less in one call")
+        out = _wire.pack_reply(rq.id, result)
+        if len(out) > bound:  # a value packed by a hook: measured after packing
+            if self.cur is not None:
+                self.cur.count_error("Protocol")
+            return self._refuse(rq.id, f"op '{_wire.show(rq.op)}': the reply is larger than "
+                                f"this unit's max_reply_bytes ({bound} bytes): ask for less "
+                                "in one call")
+        return out
 
     # ---- what happens after handle() --------------------------------------------------------
 
@@ -332,7 +429,8 @@ class Dispatch:
             msg = f"op '{rq.op}': {rq.bad}"
         elif rq.args:
             k = next(iter(rq.args))
-            msg = f"op '{rq.op}' takes no arguments (got '{_wire.show(k)}')"
+            shown = _wire.show(k) if type(k) is str else "a key that is not a string"
+            msg = f"op '{rq.op}' takes no arguments (got '{shown}')"
         elif rq.op == "_describe" and not self.describe:
             msg = "describe is turned off on this unit"
         if msg is None:
@@ -379,8 +477,9 @@ class Dispatch:
                   "bytes_out": c["bytes_out"], "auth_denied": c["auth_denied"],
                   "handshake_failures": c["handshake_failures"],
                   "accept_failures": c["accept_failures"],
+                  "conn_refused": c["conn_refused"],
                   "connections": accepted - gone if accepted > gone else 0,
-                  "disconnects": gone}
+                  "disconnects": gone, "expired": c["expired"]}
         return {"service": self.name, "uptime_s": float(self.uptime()), "totals": totals,
                 "ops": ops}
 
@@ -420,6 +519,18 @@ class Dispatch:
         return out
 
 
+def _skew_ms(deadline_skew: Optional[float]) -> int:
+    """The skew allowance in whole milliseconds; -1 (no check) for None or a negative one."""
+    if deadline_skew is None:
+        return -1
+    if isinstance(deadline_skew, bool) or not isinstance(deadline_skew, (int, float)) or \
+            math.isnan(deadline_skew):
+        raise ValueError(f"server: deadline_skew {deadline_skew!r} is not a number of seconds")
+    if deadline_skew < 0:
+        return -1
+    return int(min(deadline_skew, 1e12) * 1000)
+
+
 def _failure_kind(failure: BaseException) -> str:
     """The kind a handler's exception is counted as."""
     if isinstance(failure, errors.Error):
@@ -437,12 +548,26 @@ class Server:
     docstring; an op not in it declares none). lock: the lock handlers run under. curve_secret:
     serve CURVE only, with this secret key (text, or a key file its group and others cannot
     read). curve_allow: also require clients to hold one of these public keys (an allowlist
-    file, or the keys). max_msg_bytes: the largest request accepted. context: a ZeroMQ context
+    file, or the keys; `set_allowlist` replaces them for new handshakes). max_msg_bytes: the
+    largest frame accepted (ZMQ_MAXMSGSIZE). max_reply_bytes: the largest reply sent (default
+    max_msg_bytes; a larger one is a Protocol error saying so, refused before it is packed).
+    max_queued_replies: replies queued for one connection that does not read them (ZMQ_SNDHWM;
+    further ones are dropped, counted in send_failures). handshake_timeout: seconds a
+    connection has to finish its ZeroMQ handshake (0: no limit). heartbeat: seconds between the
+    ZMTP heartbeats that close a connection silent for heartbeat_timeout (default three
+    heartbeats; heartbeat 0: none). max_connections, max_connections_per_address: caps on open
+    connections, in total and from one IP address (0: none), enforced by the server's ZAP
+    handler during each handshake (plaintext and CURVE), a refusal logged and counted
+    (conn_refused), ZAP status 500, as the C unit's. context: a ZeroMQ context
     (borrowed; default: the server's own; with curve_allow, at most one such server per
     context). name: the service's name, for messages and the built-in ops. describe: answer
     `_describe` (False: a Protocol error "describe is turned off on this unit"). idl: the IDL
     files the unit was generated from, main first, as (display path, text) pairs, and
     idl_sha256 their hash (computed when not given); a unit without IDL reports none.
+    deadline_skew: seconds; a request whose id carries its caller's deadline (docs/PROTOCOL.md,
+    "Deadlines") that passed more than this long ago when its turn comes is skipped: its handler
+    does not run, nothing is sent, and it is counted in `expired` (default 1.0, the C unit's;
+    negative or None: no check). Built-in ops are answered whatever their deadline.
 
     Raises ValueError for bad arguments or keys, OSError when the endpoint cannot be bound.
     """
@@ -455,18 +580,44 @@ class Server:
                  max_msg_bytes: int = _wire.DEFAULT_MAX_MSG_BYTES,
                  context: Optional[zmq.Context[Any]] = None, name: str = "",
                  describe: bool = True, idl: Sequence[Tuple[str, Union[str, bytes]]] = (),
-                 idl_sha256: Optional[str] = None) -> None:
+                 idl_sha256: Optional[str] = None, max_reply_bytes: Optional[int] = None,
+                 max_queued_replies: int = DEFAULT_MAX_QUEUED_REPLIES,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 heartbeat: float = DEFAULT_HEARTBEAT,
+                 heartbeat_timeout: Optional[float] = None,
+                 max_connections: int = 0, max_connections_per_address: int = 0,
+                 deadline_skew: Optional[float] = DEFAULT_DEADLINE_SKEW) -> None:
         if max_msg_bytes <= 0:
             raise ValueError(f"server: max_msg_bytes {max_msg_bytes} is not positive")
+        if max_reply_bytes is not None and max_reply_bytes <= 0:
+            raise ValueError(f"server: max_reply_bytes {max_reply_bytes} is not positive")
+        for what, v in (("max_queued_replies", max_queued_replies),
+                        ("max_connections", max_connections),
+                        ("max_connections_per_address", max_connections_per_address)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"server: {what} {v!r} is not a count")
+        for what, t in (("handshake_timeout", handshake_timeout), ("heartbeat", heartbeat),
+                        ("heartbeat_timeout", heartbeat_timeout or 0.0)):
+            if not 0 <= t <= 2 ** 31 / 1000:
+                raise ValueError(f"server: {what} {t!r} is not a time in seconds")
         self._core = Dispatch(handlers, notify=notify, raises=raises, lock=lock,
                               limits=_wire.Limits(max_msg_bytes=max_msg_bytes), name=name,
-                              describe=describe, idl=idl, idl_sha256=idl_sha256)
+                              describe=describe, idl=idl, idl_sha256=idl_sha256,
+                              max_reply_bytes=max_reply_bytes,
+                              deadline_skew=deadline_skew)
         address = _bind_address(bind)
         secret = None if curve_secret is None else curve.load_key(curve_secret, True,
                                                                   "curve_secret")
         allow = None if curve_allow is None else curve.load_allowlist(curve_allow)
         if allow is not None and secret is None:
             raise ValueError("server: curve_allow needs curve_secret")
+        if allow is not None and secret in allow:
+            where = (f"allowlist {curve_allow}: key #{allow.index(secret) + 1}"
+                     if isinstance(curve_allow, str) else
+                     f"server {address}: allowed client key #{allow.index(secret)}")
+            raise ValueError(f"{where} is the unit's own secret key: an allowlist holds client "
+                             "public keys (make a new key pair for the unit, this secret is "
+                             "exposed)")
         if secret is not None and not curve.available():
             raise ValueError(f"server {address}: a CURVE key was given, but this libzmq has "
                              "no CURVE support")
@@ -475,48 +626,93 @@ class Server:
         self._ctx = zmq.Context() if context is None else context
         self._zap: Optional[zmq.Socket[Any]] = None
         self._monitor: Optional[zmq.Socket[Any]] = None
-        self._allow = frozenset(curve.z85_decode(k) for k in allow or ())
+        self._allow: Optional[frozenset[bytes]] = None if allow is None else \
+            frozenset(curve.z85_decode(k) for k in allow)
+        self._secret = secret
+        # Open connections by descriptor and by peer address, for the caps: kept by the
+        # monitor thread, read by the ZAP handler (under _conn_lock). _handshaking: the
+        # descriptors whose handshake has no outcome yet, oldest first (a libzmq event of
+        # success names no descriptor: the oldest is taken), to tell a peer of a wrong socket
+        # type (closed by libzmq with no handshake event at all).
+        self._caps = (max_connections, max_connections_per_address)
+        self._conn_lock = threading.Lock()
+        # The monitor's reader is read by the monitor thread and, to catch up before a cap is
+        # judged, by the ZAP handler: under _mon_lock; _monitor_done once it has stopped.
+        self._mon_lock = threading.Lock()
+        self._monitor_done = False
+        self._fd_addr: Dict[int, str] = {}
+        self._by_addr: Dict[str, int] = {}
+        self._handshaking: Dict[int, None] = {}
+        self._log_last: Dict[str, float] = {}
+        self._log_skipped: Dict[str, int] = {}
+        self._last_closed_addr = "an unknown address"
+        self._hs_failed = 0
+        self._hs_unmatched = 0  # successes that found no connection (_handshake_succeeded)
         self._router = self._ctx.socket(zmq.ROUTER)
         try:
             self._router.setsockopt(zmq.LINGER, 0)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+            self._router.setsockopt(zmq.SNDHWM, max_queued_replies)
+            self._router.setsockopt(zmq.HANDSHAKE_IVL, _ms(handshake_timeout))
+            if heartbeat > 0:
+                self._router.setsockopt(zmq.HEARTBEAT_IVL, _ms(heartbeat))
+                self._router.setsockopt(zmq.HEARTBEAT_TIMEOUT, _ms(
+                    heartbeat_timeout if heartbeat_timeout else 3 * heartbeat))
             self._router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
-            # Connection events, for _stats: set up before the bind, so none is missed.
-            self._monitor = self._router.get_monitor_socket(_MONITOR_EVENTS)
+            if net.wants_ipv6(net.parse_endpoint(address).host):
+                self._router.setsockopt(zmq.IPV6, 1)
+            # Connection events, for _stats: set up before the bind, so none is missed. Read
+            # on a thread of its own (as the C unit does), so the events never pile up while a
+            # handler runs or a drain goes on: a full monitor queue would stop libzmq's I/O
+            # thread, and close() with it.
+            self._monitor = net.open_monitor(self._ctx, self._router, _MONITOR_EVENTS,
+                                             "server-monitor")
+            if allow is not None or max_connections or max_connections_per_address:
+                self._zap = self._ctx.socket(zmq.REP)
+                self._zap.setsockopt(zmq.LINGER, 0)
+                try:
+                    self._zap.bind(ZAP_ENDPOINT)
+                except zmq.ZMQError as e:
+                    raise ValueError(f"server {address}: cannot start the ZAP handler for "
+                                     f"the allowlist or the connection caps ({e.strerror}): "
+                                     "is another unit with an allowlist or caps using this "
+                                     "ZeroMQ context?") from None
+                self._router.setsockopt(zmq.ZAP_DOMAIN, b"ctlrpc")
             if secret is not None:
-                if allow is not None:
-                    self._zap = self._ctx.socket(zmq.REP)
-                    self._zap.setsockopt(zmq.LINGER, 0)
-                    try:
-                        self._zap.bind(ZAP_ENDPOINT)
-                    except zmq.ZMQError as e:
-                        raise ValueError(f"server {address}: cannot start the ZAP handler for "
-                                         f"the allowlist ({e.strerror}): is another unit with "
-                                         "an allowlist using this ZeroMQ context?") from None
-                    self._router.setsockopt(zmq.ZAP_DOMAIN, b"ctlrpc")
                 self._router.setsockopt(zmq.CURVE_SERVER, 1)
                 self._router.setsockopt(zmq.CURVE_SECRETKEY, secret.encode("ascii"))
             try:
                 self._router.bind(address)
             except zmq.ZMQError as e:
-                raise OSError(e.errno, f"server: cannot bind {address}: {e.strerror}") \
-                    from None
+                # For a name it cannot resolve, libzmq says ENODEV ("No such device"): it
+                # also tries the name as an interface's.
+                why = e.strerror
+                if e.errno == errno.ENODEV:
+                    try:
+                        why = (f"host '{net.parse_endpoint(address).host}' does not resolve "
+                               "(nor name a network interface)")
+                    except ValueError:
+                        pass
+                raise OSError(e.errno, f"server: cannot bind {address}: {why}") from None
             last = self._router.getsockopt(zmq.LAST_ENDPOINT)
             self.endpoint: str = last.decode() if isinstance(last, bytes) else address
             self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         except BaseException:
             self._close_sockets()
             raise
+        self._partial: Optional[Tuple[List[bytes], int]] = None  # a message read in part
         self._stopping = False
         self._draining = False
         self._drain_deadline = 0.0
         self._closed = False
+        self._curve_public = None if secret is None else curve.public_of(secret)
+        self.registration: Optional[Any] = None  # a directory.Registration, by register()
         self._fds_lock = threading.Lock()
         self._abandoned = False  # close() gave up waiting: the thread closes the pipe
-        self._thread = threading.Thread(target=self._serve, daemon=True,
-                                        name=f"ctlrpc-server {self.endpoint}")
-        self._thread.start()
+        self._monitor_stop = False
+        self._monitor_thread = _threads.start(self._watch, f"ctlrpc-monitor {self.endpoint}")
+        self._thread = _threads.start(self._serve, f"ctlrpc-server {self.endpoint}")
 
     # ---- the public surface ------------------------------------------------------------------
 
@@ -530,8 +726,29 @@ class Server:
         payloads and frame counts), send_failures, undeclared (handler errors of a kind the op
         does not declare, sent as Protocol), auth_denied (clients the allowlist refused),
         unknown_op, bytes_in, bytes_out, handshake_failures, accept_failures, accepted,
-        disconnects. The per-op figures are in `op_stats()`."""
+        disconnects, expired (requests skipped unserved and unanswered: past their deadline by
+        more than deadline_skew). The per-op figures are in `op_stats()`."""
         return dict(self._core.counters)
+
+    def set_allowlist(self, allow: Union[str, Collection[str]]) -> int:
+        """Replace the allowlist (a file, or the keys) for the handshakes from now on;
+        connections already admitted stay. Returns how many keys it holds. ValueError (the
+        old list is kept) for a bad file, an empty list, the unit's own secret key, or a
+        server started without an allowlist."""
+        if self._allow is None:
+            raise ValueError(f"server {self.endpoint}: started without an allowlist "
+                             "(curve_allow): there is none to replace")
+        keys = curve.load_allowlist(allow)
+        where = f"allowlist {allow}" if isinstance(allow, str) else \
+            f"server {self.endpoint}: the allowlist"
+        if not keys:
+            raise ValueError(f"{where} lists no keys")
+        if self._secret in keys:
+            raise ValueError(f"{where}: key #{keys.index(self._secret) + 1} is the unit's own "
+                             "secret key: an allowlist holds client public keys (make a new "
+                             "key pair for the unit, this secret is exposed)")
+        self._allow = frozenset(curve.z85_decode(k) for k in keys)  # one store: atomic
+        return len(keys)
 
     def op_stats(self) -> Dict[str, Any]:
         """What the unit answers to `_stats`: {service, uptime_s, totals, ops}."""
@@ -541,13 +758,43 @@ class Server:
         """What the unit answers to `_health`."""
         return self._core.builtin_result("_health")
 
+    def register(self, etcd: Any, *, service: Optional[str] = None,
+                 namespace: str = "default", unit_id: Optional[str] = None,
+                 lease_ttl: int = 10, advertise: Optional[str] = None,
+                 version: Optional[str] = None) -> Any:
+        """Join the fleet: register this unit in etcd (docs/PROTOCOL.md, "Membership in etcd")
+        and keep it registered on a thread of its own until the server stops. `drain()` marks
+        it draining first; `close()` revokes its lease (the key is gone at once).
+
+        etcd: a ctlrpc.Etcd (https, users) or its endpoints ("URL[,URL...]"). service: default
+        the server's name (the IDL's service). advertise: the tcp:// address clients dial
+        (default `endpoint`; needed when the unit binds a wildcard or sits behind NAT).
+        version: default the runtime's. Returns the directory.Registration. Never fails for
+        etcd being away (it retries, logging once); raises ValueError for bad arguments (a
+        wildcard address without advertise, a bad name, a TTL under 2 s)."""
+        from .directory import Registration
+        if self.registration is not None:
+            raise ValueError(f"server {self.endpoint}: already registered as "
+                             f"{self.registration.key}")
+        svc = service if service is not None else self._core.name
+        if not svc:
+            raise ValueError(f"server {self.endpoint}: no service name to register under "
+                             "(give service=, or name= to the server)")
+        self.registration = Registration(
+            etcd, svc, advertise or self.endpoint, namespace=namespace, unit_id=unit_id,
+            lease_ttl=lease_ttl, idl_hash=self._core.idl_sha256 or "",
+            version=version or __version__, curve_public_key=self._curve_public)
+        return self.registration
+
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Stop serving: the thread ends after a running handler returns (waiting at most
         `wait` seconds for it), the socket is closed; requests still queued are dropped (their
-        callers time out). Idempotent."""
+        callers time out). A registration in etcd is revoked first. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self.registration is not None:
+            self.registration.close()
         self._stopping = True
         self._wake()
         if threading.current_thread() is self._thread:
@@ -567,15 +814,22 @@ class Server:
         """Stop gracefully: the running handler finishes with its reply; every request that
         has reached the unit since, or arrives meanwhile, is answered Busy with reason
         "draining" (notifies are dropped) until no request has come for 50 ms or `timeout`
-        seconds pass; then the last replies are sent and the server closes."""
+        seconds pass; then the last replies are sent and the server closes. Returns within
+        `timeout` (and a few milliseconds): a handler still running then finishes on its own
+        and its thread closes the socket after it. A server registered in etcd first marks
+        itself draining there, waiting at most 2 s for etcd to take it, and revokes its
+        lease when it closes."""
         if self._closed:
             return
-        self._drain_deadline = time.monotonic() + max(0.0, timeout)
+        if self.registration is not None:
+            # Callers that watch the fleet see it draining before it goes.
+            self.registration.set_state("draining")
+        deadline = self._drain_deadline = time.monotonic() + max(0.0, timeout)
         self._draining = True
         self._wake()
         if threading.current_thread() is not self._thread:
-            self._thread.join(max(0.0, timeout) + CLOSE_WAIT)
-        self.close()
+            self._thread.join(max(0.0, deadline - time.monotonic()) + DRAIN_SLACK)
+        self.close(wait=0.0)
 
     def __enter__(self) -> Server:
         return self
@@ -598,8 +852,6 @@ class Server:
             poller.register(self._wake_r, zmq.POLLIN)
             if self._zap is not None:
                 poller.register(self._zap, zmq.POLLIN)
-            if self._monitor is not None:
-                poller.register(self._monitor, zmq.POLLIN)
             while True:
                 try:
                     # Waits without a timeout on purpose: close() and drain() wake it.
@@ -615,12 +867,11 @@ class Server:
                     break
                 if self._zap is not None and self._zap in events:
                     self._serve_zap()
-                if self._monitor is not None and self._monitor in events:
-                    self._read_monitor()
                 # Requests still queued when close is called are not served, and those
                 # queued when drain is called are answered by the drain.
                 for _ in range(BATCH):
-                    if self._stopping or self._draining or not self._serve_one():
+                    if self._stopping or self._draining or not self._serve_one() or \
+                            self._partial is not None:
                         break
                 if self._stopping:
                     break
@@ -635,31 +886,97 @@ class Server:
 
     def _close_sockets(self) -> None:
         if self._monitor is not None:
-            try:
-                self._router.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(linger=0)
+            # The monitor thread goes on reading until the monitor has stopped, so stopping
+            # it never waits on a full queue.
+            net.stop_monitor(self._router)
+            self._monitor_stop = True
+            thread = getattr(self, "_monitor_thread", None)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(CLOSE_WAIT)
+                if thread.is_alive():
+                    log.error("ctlrpc server %s: the monitor thread did not stop",
+                              self.endpoint)
+            else:
+                self._monitor.close(linger=0)
         self._router.close()
         if self._zap is not None:
+            try:
+                self._zap.unbind(ZAP_ENDPOINT)  # free the name now, not on the reaper's time
+            except zmq.ZMQError:
+                pass
             self._zap.close()
         if self._own_ctx:
             self._ctx.term()
 
-    def _serve_one(self) -> bool:
-        """Read one whole message (at most three frames kept), serve it, send the reply if
-        any. False when nothing was there."""
-        router = self._router
+    def _watch(self) -> None:
+        """The monitor thread: count the ROUTER's connection events as they come, until the
+        monitor stops (then close its reader). It waits on the monitor's descriptor and reads
+        under _mon_lock, as the ZAP handler's catch-up does (_catch_up_monitor)."""
+        mon = self._monitor
+        assert mon is not None
         try:
-            frames = [router.recv(zmq.NOBLOCK)]
-            count = 1
-            while router.getsockopt(zmq.RCVMORE):
-                frame = router.recv()
+            waiter = select.poll()  # not select.select: the descriptor may be past 1024
+            waiter.register(int(mon.getsockopt(zmq.FD)), select.POLLIN)
+            while True:
+                with self._mon_lock:
+                    if self._monitor_done or self._read_monitor():
+                        self._monitor_done = True
+                        break
+                # ZeroMQ's descriptor says only that the socket's state may have changed;
+                # the reads above (zmq.EVENTS first) rearm it. Either thread may have read
+                # the events it signals: the next turn finds nothing, at no cost.
+                try:
+                    ready = waiter.poll(MONITOR_POLL_MS)
+                except InterruptedError:
+                    continue
+                if not ready and self._monitor_stop:
+                    break
+        except Exception:
+            log.exception("ctlrpc server %s: the monitor thread failed", self.endpoint)
+        finally:
+            with self._mon_lock:
+                self._monitor_done = True
+                mon.close(linger=0)
+
+    def _catch_up_monitor(self) -> None:
+        """Count the connection events already waiting on the monitor, from the ZAP handler:
+        libzmq reports a connection's accept before its handshake asks ZAP, so the caps then
+        judge it with every earlier connection counted, however far behind the monitor thread
+        is (it shares the GIL with the serving thread and whatever else the process runs)."""
+        with self._mon_lock:
+            if not self._monitor_done and self._read_monitor():
+                self._monitor_done = True
+
+    def _serve_one(self) -> bool:
+        """Read one message (at most three frames kept, at most FRAMES_PER_TURN frames a
+        call: the rest of a longer one on the next calls), serve it once whole, send the reply
+        if any. False when nothing was there."""
+        router = self._router
+        recv, more = router.recv, router.getsockopt
+        try:
+            if self._partial is None:
+                frames = [recv(zmq.NOBLOCK)]
+                count = 1
+            else:
+                frames, count = self._partial
+                self._partial = None
+            turn = 0
+            while more(zmq.RCVMORE):
+                if turn == FRAMES_PER_TURN:
+                    self._partial = (frames, count)  # go on after a look at the pipe and ZAP
+                    return True
+                frame = recv()
                 count += 1
-                if len(frames) < 3:
+                turn += 1
+                if count <= 3:
                     frames.append(frame)
         except zmq.ZMQError:
             return False  # nothing there (EAGAIN), or the socket is gone
+        if count > 3:
+            self._core.counters["dropped"] += 1
+            log.debug("ctlrpc server %s: dropped a message of %d frames (a request has 2 or 3)",
+                      self.endpoint, count)
+            return True
         core = self._core
         reply = core.handle(frames, count)
         if reply is not None:
@@ -671,20 +988,103 @@ class Server:
         core.done()
         return True
 
-    def _read_monitor(self) -> None:
-        """Count the ROUTER's connection events waiting on its monitor."""
+    def _read_monitor(self) -> bool:
+        """Count the ROUTER's connection events waiting on its monitor; True once the monitor
+        has said it stopped."""
         assert self._monitor is not None
         c = self._core.counters
-        for event, _ in net.monitor_events(self._monitor):
+        for event, value in net.monitor_events(self._monitor):
+            if event == zmq.EVENT_MONITOR_STOPPED:
+                return True
             if event == zmq.EVENT_ACCEPTED:
                 c["accepted"] += 1
+                self._conn_opened(value)
             elif event == zmq.EVENT_DISCONNECTED:
                 c["disconnects"] += 1
+                if self._conn_closed(value):
+                    # No handshake event at all: libzmq closed it for a ZMTP socket type a
+                    # ROUTER does not talk to (a PUSH, PUB, SUB, PAIR...).
+                    c["handshake_failures"] += 1
+                    self._log_limited("socktype", logging.WARNING, "ctlrpc server %s: refused "
+                                      "a connection from %s: its ZeroMQ socket type is not "
+                                      "one a unit talks to (a DEALER or REQ)", self.endpoint,
+                                      self._last_closed_addr)
             elif event == zmq.EVENT_ACCEPT_FAILED:
                 c["accept_failures"] += 1
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshake_succeeded()
             elif event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-                           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
-                c["handshake_failures"] += 1
+                           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                           zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                self._hs_failed += 1  # its disconnect comes next
+                if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # the ZAP handler counted it
+                    c["handshake_failures"] += 1
+        return False
+
+    def _conn_opened(self, fd: int) -> None:
+        addr = "an unknown address"
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sk:
+                addr = sk.getpeername()[0]
+        except (OSError, IndexError, TypeError):
+            pass
+        with self._conn_lock:
+            self._fd_addr[fd] = addr
+            self._by_addr[addr] = self._by_addr.get(addr, 0) + 1
+            self._handshaking[fd] = None
+
+    def _conn_closed(self, fd: int) -> bool:
+        """Forget a closed connection; True when it closed with its handshake unfinished and
+        no handshake event (a failure's event names no connection, but its disconnect comes
+        next)."""
+        with self._conn_lock:
+            addr = self._fd_addr.pop(fd, None)
+            if addr is not None:
+                n = self._by_addr.get(addr, 0) - 1
+                if n > 0:
+                    self._by_addr[addr] = n
+                else:
+                    self._by_addr.pop(addr, None)
+            self._last_closed_addr = addr or "an unknown address"
+            was_open = self._handshaking.pop(fd, 0) is None
+            if self._hs_failed:
+                self._hs_failed -= 1
+                return False
+            if was_open and self._hs_unmatched:
+                self._hs_unmatched -= 1
+                return False
+            return was_open
+
+    def _handshake_succeeded(self) -> None:
+        """A success names no connection: take the oldest under way that has received a whole
+        greeting and a command (a silent or half-done peer has not), as the C unit does. One
+        that finds none (the peer called and left before this event was read: its descriptor
+        is closed) is kept, and the next close of a connection under way is taken as its own,
+        not as a wrong socket type: a refusal may go uncounted then, an honest peer is never
+        logged as refused."""
+        with self._conn_lock:
+            for fd in self._handshaking:
+                if _greeted(fd):
+                    del self._handshaking[fd]
+                    return
+            if self._hs_unmatched < len(self._handshaking):
+                self._hs_unmatched += 1
+
+    def _log_limited(self, kind: str, level: int, fmt: str, *args: Any) -> None:
+        """Log a line of this kind at most once every LOG_EVERY seconds, saying how many were
+        left out meanwhile."""
+        if not log.isEnabledFor(level):
+            return
+        now = time.monotonic()
+        if now - self._log_last.get(kind, -LOG_EVERY) < LOG_EVERY:
+            self._log_skipped[kind] = self._log_skipped.get(kind, 0) + 1
+            return
+        self._log_last[kind] = now
+        skipped = self._log_skipped.pop(kind, 0)
+        if skipped:
+            fmt += " (%d more like this since the last such line)"
+            args = args + (skipped,)
+        log.log(level, fmt, *args)
 
     def _drain(self) -> None:
         """Answer what has arrived, and what arrives while that goes on, with Busy "draining",
@@ -692,6 +1092,10 @@ class Server:
         last replies leave, waiting at most the time left."""
         deadline = self._drain_deadline
         self._core.draining = True
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        if self._zap is not None:
+            poller.register(self._zap, zmq.POLLIN)
         while True:
             while not self._stopping and deadline > time.monotonic() and self._serve_one():
                 pass
@@ -699,35 +1103,103 @@ class Server:
             if left <= 0 or self._stopping:
                 break
             try:
-                ready = self._router.poll(min(_ms(left), _ms(DRAIN_QUIET)), zmq.POLLIN)
+                # ZAP is served meanwhile, so a CURVE client connecting during the drain gets
+                # its Busy too.
+                ready = dict(poller.poll(min(_ms(left), _ms(DRAIN_QUIET))))
             except zmq.ZMQError as e:
                 if e.errno == errno.EINTR:
                     continue
                 break
-            if not ready:
+            if self._zap is not None and self._zap in ready:
+                self._serve_zap()
+                if self._router not in ready:
+                    continue
+            if self._router not in ready:
                 break  # quiet: every request that came has its reply
         self._router.setsockopt(zmq.LINGER, _ms(deadline - time.monotonic()))
 
     def _serve_zap(self) -> None:
-        """Answer every waiting ZAP request (RFC 27): 200 for a CURVE client whose key is on
-        the allowlist, 400 for anything else (counted in auth_denied)."""
+        """Answer every waiting ZAP request (RFC 27): with an allowlist, 400 for a client that
+        is not a CURVE client with a listed key (counted in auth_denied); then 500 for a
+        connection over a cap (counted in conn_refused); else 200. Refusals are logged, each
+        kind at most once a second."""
         assert self._zap is not None
+        c = self._core.counters
         while True:
             try:
                 req = self._zap.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
                 return
             # [version, request id, domain, address, identity, mechanism, key]
-            allowed = len(req) >= 7 and req[5] == b"CURVE" and req[6] in self._allow
-            if not allowed:
-                self._core.counters["auth_denied"] += 1
+            addr = req[3].decode("utf-8", "replace") if len(req) >= 4 else "an unknown address"
+            allow = self._allow
+            code, text = b"200", b"OK"
+            if allow is not None:
+                is_curve = len(req) >= 7 and req[5] == b"CURVE"
+                if not (is_curve and req[6] in allow):
+                    code, text = b"400", b"client key not allowed"
+                    c["auth_denied"] += 1
+                    if is_curve:
+                        self._log_limited("key", logging.WARNING, "ctlrpc server %s: refused a "
+                                          "CURVE handshake from %s: client key %s is not on "
+                                          "the allowlist", self.endpoint, addr,
+                                          _z85(req[6]))
+                    else:
+                        self._log_limited("nocurve", logging.WARNING, "ctlrpc server %s: "
+                                          "refused a CURVE handshake from %s: not a CURVE "
+                                          "client", self.endpoint, addr)
+            if code == b"200":
+                why = self._over_cap(addr)
+                if why is not None:
+                    code, text = b"500", b"too many connections"
+                    c["conn_refused"] += 1
+                    self._log_limited("cap", logging.WARNING, "ctlrpc server %s: refused a "
+                                      "connection from %s: %s", self.endpoint, addr, why)
             try:
-                self._zap.send_multipart([b"1.0", req[1] if len(req) >= 2 else b"",
-                                          b"200" if allowed else b"400",
-                                          b"OK" if allowed else b"client key not allowed",
-                                          b"", b""])
+                self._zap.send_multipart([b"1.0", req[1] if len(req) >= 2 else b"", code,
+                                          text, b"", b""])
             except zmq.ZMQError:
                 return
+
+    def _over_cap(self, addr: str) -> Optional[str]:
+        """Why one more connection from `addr` is over a cap, or None. The connection being
+        judged is counted already (its accept reaches the monitor before its handshake asks,
+        and the monitor is caught up first), as the C unit's."""
+        total_cap, per_cap = self._caps
+        if not total_cap and not per_cap:
+            return None
+        self._catch_up_monitor()
+        with self._conn_lock:
+            total, per = len(self._fd_addr), self._by_addr.get(addr, 0)
+        if per_cap and per > per_cap:
+            return (f"{per} connections from that address are open "
+                    f"(max_connections_per_address {per_cap})")
+        if total_cap and total > total_cap:
+            return f"{total} connections are open (max_connections {total_cap})"
+        return None
+
+
+_TCP_INFO_BYTES_RECEIVED = 128  # offsetof(struct tcp_info, tcpi_bytes_received), Linux
+_GREETED = 66  # a ZMTP greeting (64 bytes) and a command's header
+
+
+def _greeted(fd: int) -> bool:
+    """Whether the connection on libzmq's descriptor `fd` has received a greeting and more."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sk:
+            info = sk.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    except OSError:
+        return False
+    off = _TCP_INFO_BYTES_RECEIVED
+    return len(info) >= off + 8 and int.from_bytes(info[off:off + 8], sys.byteorder) >= _GREETED
+
+
+def _z85(key: bytes) -> str:
+    """A 32-byte key as Z85 text, for log lines."""
+    if len(key) != 32:
+        return "?"
+    text: bytes = z85.encode(key)  # type: ignore[no-untyped-call]
+    return text.decode("ascii")
 
 
 def _bind_address(bind: Optional[str]) -> str:

@@ -1,0 +1,890 @@
+/*
+ * engine.c - the client's I/O thread: see engine_int.h for the contract.
+ *
+ * The thread sleeps in epoll_wait on three kinds of descriptor: its wake
+ * eventfd (a call was submitted or cancelled, or the client is going), and
+ * the ZMQ_FD of every socket with a request in flight. ZMQ_FD says only
+ * "look at this socket": after a wake-up, and after every send, the socket
+ * is read without blocking until it has nothing more (ZeroMQ's documented
+ * rule for that descriptor), so a reply is never left unseen. A socket is
+ * in the epoll set exactly while its request is in flight; it leaves the
+ * set before it goes back to the pool or is retired (request.c, finish).
+ *
+ * The work per wake-up is proportional to what happened, not to what is in
+ * flight: epoll returns the sockets that have something, deadlines sit in
+ * a binary heap, so a fan-out to 1024 units costs per reply what one to 16
+ * costs. Two sweeps do walk every call in flight, and both are rare: the
+ * monitor check (every CHECK_SLICE_MS, for requests that have waited that
+ * long without a reply: the fail-fast causes of docs/API.md) and a cancel.
+ *
+ * Delivery. Calls that end during a pass of the loop are collected and
+ * delivered after it, never in the middle of handling the epoll events (a
+ * callback may start calls, release handles, or cancel other calls).
+ *
+ * Locking: one mutex guards the submission queue, the cancel count, the
+ * completion queue, the states that waiters watch, and `stopping`. It is
+ * never held while a callback runs or while a socket is touched.
+ */
+#include "engine_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "call_int.h"
+#include "client_int.h"
+#include "pool_int.h"
+#include "util_int.h"
+
+/* A request that has waited this long without its reply reads its
+ * connection's monitor (and again every slice after); the blocking call
+ * uses the same slice (client.c). */
+#define CHECK_SLICE_MS CTL_CHECK_SLICE_MS
+/* How often the sockets' upkeep runs (retired sockets drained and closed,
+ * idle monitors read, idle sockets closed). */
+#define UPKEEP_MS 250
+#define EVENTS_PER_WAIT 256
+
+struct ctl_engine {
+    ctl_client *client;
+    pthread_t thread;
+    int epfd;
+    int wake_fd;  /* the I/O thread's wake-up */
+    int ready_fd; /* readable while completions are queued */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiters;
+    int wake_pending;
+    int stopping;
+    unsigned cancels;          /* cancels asked for since the last pass */
+    ctl_call *sub_head, *sub_tail;
+    ctl_call *done_head, *done_tail;
+    /* The I/O thread's own. */
+    ctl_timer **heap;          /* deadlines and backoffs, soonest first */
+    size_t heap_len, heap_cap;
+    ctl_call *live;            /* the calls in flight */
+    size_t n_live;
+    ctl_call *ended;           /* ended in this pass, to deliver after it */
+    int64_t next_check_ms;
+    int64_t next_upkeep_ms;
+};
+
+/* ---- the timer heap (I/O thread only) --------------------------------- */
+
+/* One heap holds every call's deadline and every backoff of a request
+ * waiting to be retried (ctl_timer). */
+
+static void heap_set(ctl_engine *e, size_t i, ctl_timer *t)
+{
+    e->heap[i] = t;
+    t->heap_at = i + 1;
+}
+
+static void heap_up(ctl_engine *e, size_t i)
+{
+    ctl_timer *x = e->heap[i];
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (e->heap[parent]->at <= x->at)
+            break;
+        heap_set(e, i, e->heap[parent]);
+        i = parent;
+    }
+    heap_set(e, i, x);
+}
+
+static void heap_down(ctl_engine *e, size_t i)
+{
+    ctl_timer *x = e->heap[i];
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        int64_t best = x->at;
+        if (l < e->heap_len && e->heap[l]->at < best)
+            m = l, best = e->heap[l]->at;
+        if (r < e->heap_len && e->heap[r]->at < best)
+            m = r;
+        if (m == i)
+            break;
+        heap_set(e, i, e->heap[m]);
+        i = m;
+    }
+    heap_set(e, i, x);
+}
+
+static int heap_push(ctl_engine *e, ctl_timer *t)
+{
+    if (e->heap_len == e->heap_cap) {
+        size_t cap = e->heap_cap ? e->heap_cap * 2 : 64;
+        ctl_timer **h = realloc(e->heap, cap * sizeof *h);
+        if (!h)
+            return -1;
+        e->heap = h;
+        e->heap_cap = cap;
+    }
+    heap_set(e, e->heap_len++, t);
+    heap_up(e, e->heap_len - 1);
+    return 0;
+}
+
+static void heap_remove(ctl_engine *e, ctl_timer *t)
+{
+    if (!t->heap_at)
+        return;
+    size_t i = t->heap_at - 1;
+    t->heap_at = 0;
+    ctl_timer *last = e->heap[--e->heap_len];
+    if (i == e->heap_len)
+        return;
+    heap_set(e, i, last);
+    heap_up(e, i);
+    heap_down(e, last->heap_at - 1);
+}
+
+static ctl_call *timer_call(ctl_timer *t)
+{
+    return (ctl_call *)((char *)t - offsetof(ctl_call, timer));
+}
+
+static ctl_rq *timer_rq(ctl_timer *t)
+{
+    return (ctl_rq *)((char *)t - offsetof(ctl_rq, timer));
+}
+
+/* ---- the calls in flight (I/O thread only) ---------------------------- */
+
+static void live_add(ctl_engine *e, ctl_call *call)
+{
+    call->live_prev = NULL;
+    call->live_next = e->live;
+    if (e->live)
+        e->live->live_prev = call;
+    e->live = call;
+    e->n_live++;
+}
+
+static void live_remove(ctl_engine *e, ctl_call *call)
+{
+    if (call->live_prev)
+        call->live_prev->live_next = call->live_next;
+    else if (e->live == call)
+        e->live = call->live_next;
+    else
+        return; /* not in the list */
+    if (call->live_next)
+        call->live_next->live_prev = call->live_prev;
+    call->live_prev = call->live_next = NULL;
+    e->n_live--;
+}
+
+/* ---- calls ------------------------------------------------------------ */
+
+ctl_call *ctl_call_alloc(ctl_client *c, const char *op,
+                         const char *const *addresses, size_t count, int many,
+                         int timeout_ms)
+{
+    size_t n = count ? count : 1;
+    size_t strings = strlen(op) + 1;
+    for (size_t i = 0; i < count; i++)
+        if (addresses[i])
+            strings += strlen(addresses[i]) + 1;
+    /* One block: the call, then its arrays, then the strings. */
+    size_t sz = sizeof(ctl_call);
+    size_t at_rqs = sz;
+    sz += n * sizeof(ctl_rq);
+    size_t at_reqs = sz;
+    sz += n * sizeof(ctl_frame);
+    size_t at_out = sz;
+    sz += n * sizeof(ctl_outcome);
+    size_t at_rep = sz;
+    sz += n * sizeof(ctl_reply *);
+    size_t at_addr = sz;
+    sz += n * sizeof(char *);
+    size_t at_str = sz;
+    sz += strings;
+    char *block = calloc(1, sz);
+    if (!block)
+        return NULL;
+    ctl_call *call = (ctl_call *)block;
+    call->client = c;
+    call->many = many;
+    call->count = count;
+    call->timeout_ms = timeout_ms;
+    call->rqs = (ctl_rq *)(block + at_rqs);
+    call->reqs = (ctl_frame *)(block + at_reqs);
+    call->outcomes = (ctl_outcome *)(block + at_out);
+    call->replies = (ctl_reply **)(block + at_rep);
+    call->addresses = (char **)(block + at_addr);
+    char *s = block + at_str;
+    call->op = s;
+    memcpy(s, op, strlen(op) + 1);
+    s += strlen(op) + 1;
+    for (size_t i = 0; i < count; i++) {
+        ctl_error_init(&call->outcomes[i].error);
+        if (!addresses[i])
+            continue;
+        size_t len = strlen(addresses[i]) + 1;
+        memcpy(s, addresses[i], len);
+        call->addresses[i] = s;
+        s += len;
+    }
+    atomic_init(&call->refs, 0);
+    atomic_init(&call->state, CTL_CALL_STARTED);
+    atomic_init(&call->cancel, 0);
+    return call;
+}
+
+static void call_free(ctl_call *call)
+{
+    if (call->ext.fini)
+        call->ext.fini(call);
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_frame_fini(&call->reqs[i]); /* those never sent */
+        ctl_reply_destroy(&call->replies[i]);
+    }
+    ctl_outcomes_fini(call->outcomes, call->count);
+    free(call);
+}
+
+void ctl_call_abandon(ctl_call *call)
+{
+    if (call)
+        call_free(call);
+}
+
+static void call_unref(ctl_call *call)
+{
+    if (atomic_fetch_sub_explicit(&call->refs, 1, memory_order_acq_rel) == 1)
+        call_free(call);
+}
+
+void ctl_call_release(ctl_call *call)
+{
+    if (call)
+        call_unref(call);
+}
+
+/* Wake the I/O thread; called with the mutex held. */
+static void wake(ctl_engine *e)
+{
+    if (e->wake_pending)
+        return;
+    e->wake_pending = 1;
+    uint64_t one = 1;
+    ssize_t n = write(e->wake_fd, &one, sizeof one);
+    (void)n; /* a full counter (never here) is a wake-up all the same */
+}
+
+int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
+{
+    ctl_client *c = call->client;
+    ctl_engine *e = c->engine;
+    char what[160];
+    snprintf(what, sizeof what, "%s%s", call->op, call->many ? "_many" : "");
+    int rc = ctl_client_reserve(c, call->count, what, err);
+    if (rc != 0) {
+        call_free(call);
+        return rc;
+    }
+    int64_t tmo = call->timeout_ms;
+    call->deadline_ms = ctl_now_ms() + tmo;
+    call->deadline_wall_ms = ctl_wall_ms() + tmo;
+    atomic_store_explicit(&call->refs, out ? 2 : 1, memory_order_relaxed);
+    if (out)
+        *out = call;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        ctl_client_unreserve(c, call->count);
+        if (out)
+            *out = NULL;
+        call_free(call);
+        return ctl_error_set(err, CTL_INVALID,
+                             "%s: the client is being destroyed; nothing was "
+                             "sent", what);
+    }
+    call->next = NULL;
+    if (e->sub_tail)
+        e->sub_tail->next = call;
+    else
+        e->sub_head = call;
+    e->sub_tail = call;
+    wake(e);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void ctl_call_cancel(ctl_call *call)
+{
+    if (!call ||
+        atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED)
+        return;
+    if (atomic_exchange_explicit(&call->cancel, 1, memory_order_acq_rel))
+        return; /* asked already */
+    /* Not ended yet, so the client (and its engine) is still there. */
+    ctl_engine *e = call->client->engine;
+    pthread_mutex_lock(&e->mu);
+    e->cancels++;
+    wake(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int ctl_call_wait(ctl_call *call, int timeout_ms)
+{
+    if (!call)
+        return CTL_INVALID;
+    if (atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED)
+        return 0;
+    ctl_engine *e = call->client->engine;
+    struct timespec until;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    int rc = 0;
+    pthread_mutex_lock(&e->mu);
+    e->waiters++;
+    while (atomic_load_explicit(&call->state, memory_order_acquire) ==
+           CTL_CALL_STARTED) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+        } else if (pthread_cond_timedwait(&e->cv, &e->mu, &until) == ETIMEDOUT) {
+            if (atomic_load_explicit(&call->state, memory_order_acquire) ==
+                CTL_CALL_STARTED)
+                rc = CTL_TRANSFER;
+            break;
+        }
+    }
+    e->waiters--;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+const ctl_outcome *ctl_call_outcomes(const ctl_call *call, size_t *count)
+{
+    if (count)
+        *count = 0;
+    /* A typed call's outcomes belong to its typed delivery, which moves or
+     * frees them on whichever thread delivers it: none are lent here. */
+    if (!call || call->ext.deliver ||
+        atomic_load_explicit(&call->state, memory_order_acquire) == CTL_CALL_STARTED)
+        return NULL;
+    if (count)
+        *count = call->count;
+    return call->outcomes;
+}
+
+/* Run the call's callback (on whichever thread delivers it). */
+static void run_callback(ctl_call *call)
+{
+    if (call->ext.deliver)
+        call->ext.deliver(call);
+    else if (call->many && call->done_many)
+        call->done_many(call->user, call->outcomes, call->count);
+    else if (!call->many && call->done_one)
+        call->done_one(call->user, &call->outcomes[0].error,
+                       call->outcomes[0].reply);
+}
+
+static int has_callback(const ctl_call *call)
+{
+    return call->ext.deliver || (call->many ? call->done_many != NULL
+                                            : call->done_one != NULL);
+}
+
+/* Mark `call` as ended (its outcome final) and wake whoever waits for it.
+ * Called with the mutex held. */
+static void mark_done(ctl_engine *e, ctl_call *call)
+{
+    atomic_store_explicit(&call->state, CTL_CALL_DONE, memory_order_release);
+    if (e->waiters)
+        pthread_cond_broadcast(&e->cv);
+}
+
+/* Deliver the calls that ended in this pass (I/O thread). */
+static void deliver_ended(ctl_engine *e)
+{
+    while (e->ended) {
+        ctl_call *call = e->ended;
+        e->ended = call->next;
+        call->next = NULL;
+        if (e->client->opts.callbacks_on_io_thread || !has_callback(call)) {
+            run_callback(call);
+            /* Delivered before a waiter can see it: the waiter may release
+             * its handle at once. */
+            pthread_mutex_lock(&e->mu);
+            atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
+                                  memory_order_release);
+            if (e->waiters)
+                pthread_cond_broadcast(&e->cv);
+            pthread_mutex_unlock(&e->mu);
+            call_unref(call);
+            continue;
+        }
+        pthread_mutex_lock(&e->mu);
+        if (!e->done_head) {
+            uint64_t one = 1;
+            ssize_t n = write(e->ready_fd, &one, sizeof one);
+            (void)n;
+        }
+        if (e->done_tail)
+            e->done_tail->next = call;
+        else
+            e->done_head = call;
+        e->done_tail = call;
+        mark_done(e, call);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+int ctl_engine_process(ctl_engine *e, int max)
+{
+    int n = 0;
+    while (max <= 0 || n < max) {
+        pthread_mutex_lock(&e->mu);
+        ctl_call *call = e->done_head;
+        if (call) {
+            e->done_head = call->next;
+            if (!e->done_head) {
+                e->done_tail = NULL;
+                uint64_t v;
+                ssize_t r = read(e->ready_fd, &v, sizeof v);
+                (void)r;
+            }
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!call)
+            break;
+        call->next = NULL;
+        run_callback(call);
+        atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
+                              memory_order_release);
+        call_unref(call);
+        n++;
+    }
+    return n;
+}
+
+int ctl_engine_event_fd(const ctl_engine *e)
+{
+    return e->ready_fd;
+}
+
+/* ---- the I/O thread ---------------------------------------------------- */
+
+/* A call whose requests are all done: settle its outcomes and queue it
+ * for delivery after this pass. */
+static void end_call(ctl_engine *e, ctl_call *call)
+{
+    ctl_client *c = e->client;
+    heap_remove(e, &call->timer);
+    live_remove(e, call);
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_outcome *o = &call->outcomes[i];
+        o->reply = call->replies[i];
+        call->replies[i] = NULL;
+        if (!o->reply && o->error.kind == CTL_OK)
+            ctl_error_transfer(&o->error, CTL_CAUSE_TRANSPORT,
+                               "%s at %s: no reply", call->op,
+                               call->addresses[i] ? call->addresses[i] : "?");
+        ctl_rq *rq = &call->rqs[i];
+        rq->reply = &o->reply;
+        ctl_rq_end(c, rq);
+    }
+    ctl_client_unreserve(c, call->count);
+    call->next = e->ended;
+    e->ended = call;
+}
+
+/* One request of `call` is done, for good. */
+static void rq_done(ctl_engine *e, ctl_call *call)
+{
+    if (--call->left == 0)
+        end_call(e, call);
+}
+
+/* Take an attempt's own limit out of the heap (its attempt has ended). */
+static void disarm(ctl_engine *e, ctl_rq *rq)
+{
+    if (rq->attempt_timer) {
+        heap_remove(e, &rq->timer);
+        rq->attempt_timer = 0;
+    }
+}
+
+/* An attempt of `rq` has ended: the request is done, or waits out a
+ * backoff (a timer in the heap) before its next attempt. */
+static void rq_ended(ctl_engine *e, ctl_rq *rq)
+{
+    int64_t at;
+    ctl_call *call = rq->owner;
+    disarm(e, rq);
+    if (!atomic_load_explicit(&call->cancel, memory_order_acquire) &&
+        ctl_rq_retry(e->client, rq, ctl_now_ms(), &at)) {
+        rq->timer.at = at;
+        rq->timer.is_rq = 1;
+        if (heap_push(e, &rq->timer) == 0)
+            return;
+        rq->backoff = 0; /* out of memory for the timer: it ends here */
+    }
+    rq_done(e, call);
+}
+
+/* Read what has arrived for `rq` until its socket has nothing more. */
+static void drain(ctl_engine *e, ctl_rq *rq)
+{
+    ctl_client *c = e->client;
+    if (rq->done)
+        return;
+    if (ctl_rq_try_send(c, rq))
+        while (!rq->done && ctl_rq_recv(c, rq, ZMQ_DONTWAIT) == 0)
+            ;
+    if (rq->done)
+        rq_ended(e, rq);
+}
+
+/* A request's attempt has been handed to its socket (ctl_rq_send or
+ * ctl_rq_resend returned `rc`): watch its socket, or end the attempt. */
+static void watch(ctl_engine *e, ctl_rq *rq, int rc)
+{
+    if (rc == 0) {
+        /* An attempt with a limit of its own before the call's deadline
+         * (retry.attempt_timeout_ms) has a timer of its own. */
+        int64_t until = ctl_rq_attempt_until(e->client, rq, ctl_now_ms());
+        if (until < rq->deadline_ms) {
+            rq->timer.at = until;
+            rq->timer.is_rq = 1;
+            rq->attempt_timer = heap_push(e, &rq->timer) == 0;
+        }
+        int fd = ctl_pool_conn_fd(rq->conn);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = rq};
+        if (fd < 0 || epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            ctl_rq_fail(e->client, rq, CTL_CAUSE_TRANSPORT,
+                        "cannot watch the socket (epoll)");
+        } else {
+            rq->watch_epfd = e->epfd;
+            /* The send may have taken the socket's signal: look now, as
+             * after a wake-up (drain ends the attempt if it is done). */
+            drain(e, rq);
+            return;
+        }
+    }
+    if (rq->done)
+        rq_ended(e, rq);
+}
+
+/* Send the requests of a submitted call (none when `refuse_why` is set:
+ * the client is going, and the call ends with it). */
+static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
+{
+    ctl_client *c = e->client;
+    int cancelled = atomic_load_explicit(&call->cancel, memory_order_acquire);
+    call->left = call->count;
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_rq *rq = &call->rqs[i];
+        ctl_rq_init(rq, call->addresses[i], call->op, call->timeout_ms,
+                    &call->reqs[i], &call->replies[i], &call->outcomes[i].error);
+        rq->deadline_wall_ms = call->deadline_wall_ms;
+        rq->owner = call;
+        rq->flags = call->flags;
+        rq->deadline_ms = call->deadline_ms;
+    }
+    call->timer.at = call->deadline_ms;
+    call->timer.is_rq = 0;
+    if (call->count == 0 || heap_push(e, &call->timer) != 0) {
+        for (size_t i = 0; i < call->count; i++)
+            ctl_error_transfer(&call->outcomes[i].error, CTL_CAUSE_NOMEM,
+                               "%s at %s: out of memory", call->op,
+                               call->addresses[i] ? call->addresses[i] : "?");
+        end_call(e, call);
+        return;
+    }
+    live_add(e, call);
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_rq *rq = &call->rqs[i];
+        if (!rq->address) {
+            ctl_error_set(rq->err, CTL_INVALID,
+                          "%s_many: target #%zu has no address", call->op, i);
+            ctl_frame_fini(rq->req);
+            rq->done = 1;
+            rq_done(e, call);
+        } else if (cancelled || refuse_why) {
+            ctl_frame_fini(rq->req);
+            ctl_rq_fail(c, rq, CTL_CAUSE_CANCELLED,
+                        refuse_why ? refuse_why
+                                   : "cancelled by the caller; nothing was sent");
+            rq_done(e, call);
+        } else {
+            watch(e, rq, ctl_rq_send(c, rq));
+        }
+    }
+}
+
+/* The next attempt of a request whose backoff has ended. */
+static void retry_now(ctl_engine *e, ctl_rq *rq)
+{
+    watch(e, rq, ctl_rq_resend(e->client, rq));
+}
+
+/* Fail every request of `call` not done yet with `cause`: `sent_why` for
+ * one whose request is on its way, `unsent_why` for one not sent, and
+ * `between_why` for one waiting out a backoff after an attempt left. */
+static void fail_call(ctl_engine *e, ctl_call *call, ctl_cause cause,
+                      const char *sent_why, const char *unsent_why,
+                      const char *between_why)
+{
+    for (size_t i = 0; i < call->count && call->left; i++) {
+        ctl_rq *rq = &call->rqs[i];
+        if (rq->backoff) {
+            heap_remove(e, &rq->timer);
+            rq->backoff = 0;
+            ctl_rq_fail(e->client, rq, cause,
+                        rq->ever_left ? between_why : unsent_why);
+        } else if (rq->done) {
+            continue;
+        } else {
+            disarm(e, rq);
+            ctl_rq_fail(e->client, rq, cause,
+                        rq->conn && !rq->unsent ? sent_why : unsent_why);
+        }
+        rq_done(e, call);
+    }
+}
+
+/* Cancels: walk the calls in flight for those asked to end. */
+static void cancel_pass(ctl_engine *e)
+{
+    ctl_call *next;
+    for (ctl_call *call = e->live; call; call = next) {
+        next = call->live_next; /* only `call` can leave the list here */
+        if (atomic_load_explicit(&call->cancel, memory_order_acquire))
+            fail_call(e, call, CTL_CAUSE_CANCELLED,
+                      "cancelled by the caller after it was sent (the unit "
+                      "may have run it)",
+                      "cancelled by the caller; nothing was sent",
+                      "cancelled by the caller while waiting to retry (an "
+                      "earlier attempt was sent: the unit may have run it)");
+    }
+}
+
+/* Requests that have waited a slice read their connection's monitor. */
+static void check_pass(ctl_engine *e, int64_t now)
+{
+    ctl_call *next;
+    for (ctl_call *call = e->live; call; call = next) {
+        next = call->live_next;
+        for (size_t j = 0; j < call->count && call->left; j++) {
+            ctl_rq *rq = &call->rqs[j];
+            if (rq->done || rq->backoff || now - rq->sent_ms < CHECK_SLICE_MS)
+                continue;
+            ctl_rq_check_conn(e->client, rq, now);
+            if (rq->done)
+                rq_ended(e, rq);
+        }
+    }
+}
+
+/* Timers that are due: backoffs that have ended, deadlines that have
+ * passed. */
+static void expire_pass(ctl_engine *e, int64_t now)
+{
+    while (e->heap_len && e->heap[0]->at <= now) {
+        ctl_timer *t = e->heap[0];
+        if (t->is_rq) {
+            ctl_rq *rq = timer_rq(t);
+            heap_remove(e, t);
+            if (rq->attempt_timer) {
+                /* The attempt's own limit: it ends as a timeout, which
+                 * the policy may retry. */
+                rq->attempt_timer = 0;
+                if (!rq->done)
+                    ctl_rq_time_out(e->client, rq);
+                rq_ended(e, rq);
+            } else {
+                retry_now(e, rq);
+            }
+            continue;
+        }
+        ctl_call *call = timer_call(t);
+        for (size_t i = 0; i < call->count && call->left; i++) {
+            ctl_rq *rq = &call->rqs[i];
+            if (rq->backoff) {
+                /* Its last attempt's error stands (ctl_rq_retry never
+                 * lets a backoff pass the deadline; a late timer can). */
+                heap_remove(e, &rq->timer);
+                rq->backoff = 0;
+                rq_done(e, call);
+                continue;
+            }
+            if (rq->done)
+                continue;
+            disarm(e, rq);
+            ctl_rq_time_out(e->client, rq);
+            rq_done(e, call);
+        }
+    }
+}
+
+static int wait_ms(ctl_engine *e, int64_t now)
+{
+    int64_t until = e->next_upkeep_ms;
+    if (e->heap_len) {
+        if (e->heap[0]->at < until)
+            until = e->heap[0]->at;
+        if (e->next_check_ms < until)
+            until = e->next_check_ms;
+    }
+    int64_t d = until - now;
+    return d < 0 ? 0 : d > INT32_MAX ? INT32_MAX : (int)d;
+}
+
+static void *io_thread(void *arg)
+{
+    ctl_engine *e = arg;
+    ctl_client *c = e->client;
+    struct epoll_event evs[EVENTS_PER_WAIT];
+    int64_t now = ctl_now_ms();
+    e->next_check_ms = now + CHECK_SLICE_MS;
+    e->next_upkeep_ms = now + UPKEEP_MS;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        ctl_call *subs = e->sub_head;
+        e->sub_head = e->sub_tail = NULL;
+        unsigned cancels = e->cancels;
+        e->cancels = 0;
+        int stopping = e->stopping;
+        e->wake_pending = 0;
+        pthread_mutex_unlock(&e->mu);
+
+        int had_live = e->live != NULL;
+        while (subs) {
+            ctl_call *call = subs;
+            subs = call->next;
+            call->next = NULL;
+            start_call(e, call,
+                       stopping ? "the client was destroyed; nothing was sent" : NULL);
+        }
+        if (!had_live && e->live)
+            e->next_check_ms = ctl_now_ms() + CHECK_SLICE_MS;
+        if (cancels)
+            cancel_pass(e);
+        if (stopping) {
+            while (e->live)
+                fail_call(e, e->live, CTL_CAUSE_CANCELLED,
+                          "the client was destroyed while the call was in "
+                          "flight (the unit may have run it)",
+                          "the client was destroyed; nothing was sent",
+                          "the client was destroyed while the call waited to "
+                          "retry (an earlier attempt was sent: the unit may "
+                          "have run it)");
+            deliver_ended(e);
+            break;
+        }
+        deliver_ended(e);
+
+        now = ctl_now_ms();
+        int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT, wait_ms(e, now));
+        for (int i = 0; i < n; i++) {
+            ctl_rq *rq = evs[i].data.ptr;
+            if (!rq) {
+                uint64_t v;
+                ssize_t r = read(e->wake_fd, &v, sizeof v);
+                (void)r;
+                continue;
+            }
+            drain(e, rq);
+        }
+        now = ctl_now_ms();
+        expire_pass(e, now);
+        if (now >= e->next_check_ms) {
+            check_pass(e, now);
+            e->next_check_ms = now + CHECK_SLICE_MS;
+        }
+        if (now >= e->next_upkeep_ms &&
+            !atomic_load_explicit(&c->no_upkeep, memory_order_relaxed)) {
+            ctl_pool_upkeep(c->pool, now);
+            e->next_upkeep_ms = now + UPKEEP_MS;
+        }
+        deliver_ended(e);
+    }
+    return NULL;
+}
+
+int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
+{
+    *out = NULL;
+    ctl_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
+    e->client = c;
+    e->epfd = epoll_create1(EPOLL_CLOEXEC);
+    e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    e->ready_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    int e_no = errno;
+    if (e->epfd < 0 || e->wake_fd < 0 || e->ready_fd < 0 ||
+        epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->wake_fd, &ev) != 0) {
+        e_no = errno;
+        goto fail;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((e_no = pthread_create(&e->thread, NULL, io_thread, e)) != 0) {
+        pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->mu);
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    if (e->epfd >= 0)
+        close(e->epfd);
+    if (e->wake_fd >= 0)
+        close(e->wake_fd);
+    if (e->ready_fd >= 0)
+        close(e->ready_fd);
+    free(e);
+    return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                              "client: cannot start its I/O thread: %s",
+                              strerror(e_no));
+}
+
+void ctl_engine_destroy(ctl_engine **engine)
+{
+    if (!engine || !*engine)
+        return;
+    ctl_engine *e = *engine;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    e->wake_pending = 0;
+    wake(e);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    /* Calls submitted after the thread's last look (none can be: submit
+     * refuses once stopping is set) and completions still queued. */
+    ctl_engine_process(e, 0);
+    free(e->heap);
+    close(e->epfd);
+    close(e->wake_fd);
+    close(e->ready_fd);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+    *engine = NULL;
+}
