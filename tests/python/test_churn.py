@@ -14,7 +14,8 @@ warm-up each must stay within these bounds (docs/RELIABILITY.md, "A long-lived P
                  GONE_S seconds (the janitor closes an idle socket whose unit has gone within
                  a second), plus SOCKET_SLACK
     open files   at most FDS_PER_SOCKET per open socket more than after the warm-up, plus
-                 FD_SLACK
+                 FD_SLACK, once libzmq's reaper thread has released the descriptors of the
+                 sockets the client closed (waited for up to SETTLE_S seconds)
     RSS          at most RSS_BOUND_MIB MiB more than after the warm-up
 
 A second test leaves sockets idle and retired and makes no calls at all: the janitor closes
@@ -56,6 +57,7 @@ FDS_PER_SOCKET = 4
 FD_SLACK = 32
 RSS_BOUND_MIB = 24
 CALL_S = 5.0
+SETTLE_S = 10.0
 
 RESTARTS = int(os.environ.get("CTLRPC_CHURN_RESTARTS", "300"))
 # The shared-context torture: units made one after another on one context, clients per unit
@@ -159,8 +161,7 @@ class Churn(unittest.TestCase):
                             "restarts/s (after the warm-up: %d, %d, %.1f)"
                             % (sample + base[1:4]))
                     self.assertLessEqual(sample[2], LIVE + rate * GONE_S + SOCKET_SLACK, what)
-                    self.assertLessEqual(sample[1], base[1] + FDS_PER_SOCKET
-                                         * max(0, sample[2] - base[2]) + FD_SLACK, what)
+                    self.assertTrue(self._files_settle(client, base), what)
                     self.assertLessEqual(sample[3], base[3] + RSS_BOUND_MIB, what)
         took = time.monotonic() - t0
         print("\n%d restarts, %d calls in %.1f s; samples (restart, open files, sockets, "
@@ -168,6 +169,23 @@ class Churn(unittest.TestCase):
         for s in samples:
             print("  %5d %5d %4d %7.1f %6.0f" % s)
         self.assertIsNotNone(base, "too few restarts to measure (at least %d)" % WARMUP)
+
+    @staticmethod
+    def _files_settle(client, base):
+        """Whether the open files come within the bound of the module's docstring. A socket
+        the client has closed keeps its descriptors until libzmq's reaper thread has torn it
+        down, which on a loaded machine can lag the close by a while: a leak stays over the
+        bound, a lag comes back under it, so wait for that (with a deadline)."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            files, sockets = open_files(), open_sockets(client)
+            if files <= base[1] + FDS_PER_SOCKET * max(0, sockets - base[2]) + FD_SLACK:
+                return True
+            if time.monotonic() >= deadline:
+                print("open files did not settle in %.0f s: %d open files, %d sockets"
+                      % (SETTLE_S, files, sockets))
+                return False
+            time.sleep(0.02)
 
     def test_quiet_client_closes_idle_and_retired(self):
         """A client that makes no calls at all still closes its idle sockets after
