@@ -3,7 +3,7 @@
  *
  *   ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES] [--spill-dir DIR]
  *                    [--max-msg-bytes BYTES] [--max-reply-bytes BYTES]
- *                    [--max-queued-replies N]
+ *                    [--max-queued-replies N] [--max-queued-reply-bytes BYTES]
  *                    [--max-key-bytes BYTES]
  *                    [--index-capacity BYTES] [--max-list-keys N]
  *                    [--drain-timeout MS] [--handshake-timeout MS]
@@ -123,6 +123,7 @@ static void usage(FILE *f)
             "usage: ctl-storage-unit [--bind ENDPOINT] [--capacity BYTES]\n"
             "                        [--spill-dir DIR] [--max-msg-bytes BYTES]\n"
             "                        [--max-reply-bytes BYTES] [--max-queued-replies N]\n"
+            "                        [--max-queued-reply-bytes BYTES]\n"
             "                        [--max-key-bytes BYTES] [--index-capacity BYTES]\n"
             "                        [--max-list-keys N] [--drain-timeout MS]\n"
             "                        [--handshake-timeout MS] [--heartbeat MS]\n"
@@ -159,6 +160,10 @@ static void usage(FILE *f)
             "  --max-queued-replies N  replies held for a client that does not read\n"
             "                       them, per connection (default 1000); further\n"
             "                       ones are dropped and counted\n"
+            "  --max-queued-reply-bytes N  bytes of unread replies one connection\n"
+            "                       may hold (counting replies of 32K and more);\n"
+            "                       its requests beyond are answered Busy\n"
+            "                       \"replies_unread\" without running (default 256M)\n"
             "  --max-key-bytes N    longest key a put accepts (default 4K)\n"
             "  --index-capacity N   bytes of keys and bookkeeping kept, beside the\n"
             "                       blobs' bytes (default 64M); a put that needs\n"
@@ -222,6 +227,7 @@ int main(int argc, char **argv)
         {"deadline-skew-ms", required_argument, NULL, 'W'},
         {"max-connections", required_argument, NULL, 'C'},
         {"max-queued-replies", required_argument, NULL, 'Q'},
+        {"max-queued-reply-bytes", required_argument, NULL, 'Y'},
         {"max-connections-per-address", required_argument, NULL, 'P'},
         {"curve-secret", required_argument, NULL, 'k'},
         {"curve-allow", required_argument, NULL, 'A'},
@@ -248,6 +254,7 @@ int main(int argc, char **argv)
     int skew_ms = 0;                        /* 0: the runtime's default */
     uint64_t max_conns = 0, max_conns_per = 0;   /* 0: no cap */
     uint64_t max_queued = 0;                     /* 0: the runtime's default */
+    uint64_t max_queued_bytes = 0;               /* 0: the runtime's default */
     bool no_describe = false;
     ctl_log_level level = CTL_LOG_DEFAULT;
     int c;
@@ -269,6 +276,14 @@ int main(int argc, char **argv)
         case 'm':
             if (store_parse_size(optarg, &max_msg) != 0 || max_msg == 0) {
                 fprintf(stderr, "ctl-storage-unit: --max-msg-bytes '%s' is not "
+                        "a positive size\n", optarg);
+                return 2;
+            }
+            break;
+        case 'Y':
+            if (store_parse_size(optarg, &max_queued_bytes) != 0 || max_queued_bytes == 0 ||
+                max_queued_bytes > SIZE_MAX) {
+                fprintf(stderr, "ctl-storage-unit: --max-queued-reply-bytes '%s' is not "
                         "a positive size\n", optarg);
                 return 2;
             }
@@ -504,6 +519,7 @@ int main(int argc, char **argv)
     so.deadline_skew_ms = skew_ms;
     so.max_connections = (unsigned)max_conns;
     so.max_queued_replies = (unsigned)max_queued;
+    so.max_queued_reply_bytes = (size_t)max_queued_bytes;
     so.max_connections_per_address = (unsigned)max_conns_per;
 
     /* Hold the lock until u.server is set: a request that arrives at once

@@ -488,6 +488,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                                    what="a count from 1 to 2147483647"),
                     help="replies held for a client that does not read them, per connection "
                          "(default 1000); further ones are dropped and counted")
+    ap.add_argument("--max-queued-reply-bytes", metavar="BYTES", default=256 << 20,
+                    type=_size_arg("--max-queued-reply-bytes"),
+                    help="bytes of unread replies one connection may hold (counting replies "
+                         "of 32K and more); its requests beyond are answered Busy "
+                         "\"replies_unread\" without running (default 256M)")
     ap.add_argument("--handshake-timeout", metavar="MS", default=5000,
                     type=_size_arg("--handshake-timeout", True, most=2 ** 31 - 1,
                                    what="a positive number of milliseconds"),
@@ -678,6 +683,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "describe": not args.no_describe,
                                "max_reply_bytes": args.max_reply_bytes,
                                "max_queued_replies": args.max_queued_replies,
+                               "max_queued_reply_bytes": args.max_queued_reply_bytes,
                                "handshake_timeout": args.handshake_timeout / 1000.0,
                                "heartbeat": args.heartbeat / 1000.0,
                                "max_connections": args.max_connections,

@@ -526,6 +526,21 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         ctl_error_fini(&err);
         return verdict(d);
     }
+    if (op && !(op->flags & CTL_OP_NOREPLY) && d->max_queued_reply_bytes &&
+        in->unread_reply_bytes >= d->max_queued_reply_bytes) {
+        /* Not run: its reply would join the ones its peer has not read. A
+         * notify makes no reply and is served. */
+        ctl_error err;
+        ctl_error_init(&err);
+        ctl_error_busy(&err, "replies_unread",
+                       "op '%s': %zu bytes of replies to this connection are unread "
+                       "(max_queued_reply_bytes %zu): read them, then retry",
+                       op->name, in->unread_reply_bytes, d->max_queued_reply_bytes);
+        count_error(d, &err);
+        pack_error(d, rq.id, &err);
+        ctl_error_fini(&err);
+        return verdict(d);
+    }
     if (!op)
         return refuse(d, rq.id, "unknown op '%s' (service %s)",
                       ctl_show(shown, sizeof shown, rq.op), d->service->name);

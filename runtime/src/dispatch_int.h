@@ -53,6 +53,9 @@ typedef struct ctl_inbound {
      * NULL: the hold copies them. */
     ctl_hold *(*hold)(void *msg, size_t off, size_t len);
     void *msg; /* handed to `hold` */
+    /* Bytes of replies queued for this message's connection that its peer
+     * has not read yet (the transport's ledger; 0 where it keeps none). */
+    size_t unread_reply_bytes;
 } ctl_inbound;
 
 /* What became of a message. */
@@ -134,6 +137,10 @@ typedef struct ctl_dispatch {
      * message limit). */
     size_t max_reply_bytes;
     bool reply_too_big; /* the handler's packing hit max_reply_bytes */
+    /* A request whose connection holds at least this many bytes of unread
+     * replies (ctl_inbound.unread_reply_bytes) is answered Busy
+     * "replies_unread" without running; 0: no bound. Set after init. */
+    size_t max_queued_reply_bytes;
     ctl_dispatch_counters counters;
     /* The service's ops in table order, then the built-ins (op_count +
      * CTL_BUILTIN_COUNT entries, made at init: no growth). */

@@ -52,6 +52,7 @@
 #include "ctlrpc/net.h"
 #include "curve_int.h"
 #include "dispatch_int.h"
+#include "ledger_int.h"
 #include "log_int.h"
 #include "server_int.h"
 #include "transport_int.h"
@@ -64,7 +65,11 @@
 #define LISTEN_BACKLOG 4096
 /* Replies queued per connection by default (ZMQ_SNDHWM; ZeroMQ's own). */
 #define DEFAULT_QUEUED_REPLIES 1000
-/* Replies at least this large go to ZeroMQ without a copy. */
+/* Bytes of unread replies one connection may hold by default before its
+ * requests get Busy (max_queued_reply_bytes). */
+#define DEFAULT_QUEUED_REPLY_BYTES ((size_t)256 << 20)
+/* Replies at least this large go to ZeroMQ without a copy, charged to their
+ * connection in the ledger until ZeroMQ frees them. */
 #define ZERO_COPY_MIN ((size_t)32 * 1024)
 /* Messages handled per wake-up before the close pipe is looked at again. */
 #define BATCH 256
@@ -92,6 +97,7 @@ struct ctl_server {
     pthread_t monitor_thread;
     int monitor_started;
     ctl_log_limit send_limit; /* send failures (serving thread) */
+    ctl_ledger *ledger; /* unread large replies, by connection */
     char curve_public[CTL_CURVE_KEY_BUF]; /* "" without CURVE */
     ctl_server_hooks hooks; /* server_int.h; zero when none */
     int hooked;
@@ -148,14 +154,19 @@ static ctl_hold *hold_msg(void *msg, size_t off, size_t len)
 static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
 {
     msgpack_sbuffer *out = &s->core.out;
+    /* The routing id outlives the identity frame's send: copied (at most
+     * 255 bytes, ZMTP's limit). */
+    unsigned char id[256];
+    size_t id_len = zmq_msg_size(identity) < sizeof id ? zmq_msg_size(identity) : sizeof id;
+    memcpy(id, zmq_msg_data(identity), id_len);
     bool ok = zmq_msg_send(identity, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
     if (ok && delimited)
         ok = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
     if (ok) {
         if (out->size >= ZERO_COPY_MIN) {
             size_t size = out->size;
-            ok = ctl_send_owned(s->router, msgpack_sbuffer_release(out), size,
-                                ZMQ_DONTWAIT) == 0;
+            ok = ctl_ledger_send(s->ledger, id, id_len, s->router,
+                                 msgpack_sbuffer_release(out), size, ZMQ_DONTWAIT) == 0;
         } else {
             ok = zmq_send(s->router, out->data, out->size, ZMQ_DONTWAIT) >= 0;
         }
@@ -193,6 +204,9 @@ static int serve_one(ctl_server *s, int flags)
         .hold = hold_msg,
         .msg = &frames[kept - 1],
     };
+    if (n >= 2)
+        in.unread_reply_bytes = ctl_ledger_unread(s->ledger, zmq_msg_data(&frames[0]),
+                                                  zmq_msg_size(&frames[0]));
     bool delimited;
     if (ctl_dispatch_message(&s->core, &in, &delimited) == CTL_DISPATCH_REPLY)
         send_reply(s, &frames[0], delimited);
@@ -727,6 +741,7 @@ static void free_server(ctl_server *s)
     if (s->wake[1] >= 0)
         close(s->wake[1]);
     ctl_dispatch_fini(&s->core);
+    ctl_ledger_release(s->ledger);
     free(s);
 }
 
@@ -758,6 +773,10 @@ int ctl_server_new(const ctl_service *service, void *user,
                                   "server %s: cannot create a pipe: %s", addr,
                                   strerror(errno));
     }
+    if (!(s->ledger = ctl_ledger_new())) {
+        free_server(s);
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server %s: out of memory", addr);
+    }
     s->ctx = opts && opts->zmq_context ? opts->zmq_context : NULL;
     if (!s->ctx) {
         s->ctx = zmq_ctx_new();
@@ -785,6 +804,9 @@ int ctl_server_new(const ctl_service *service, void *user,
     zmq_setsockopt(s->router, ZMQ_SNDHWM, &queued, sizeof queued);
     if (opts && opts->max_reply_bytes)
         s->core.max_reply_bytes = opts->max_reply_bytes;
+    s->core.max_queued_reply_bytes = opts && opts->max_queued_reply_bytes
+                                         ? opts->max_queued_reply_bytes
+                                         : DEFAULT_QUEUED_REPLY_BYTES;
     if (opts && opts->deadline_skew_ms)
         s->core.deadline_skew_ms = opts->deadline_skew_ms;
     set_reaping(s->router, opts);

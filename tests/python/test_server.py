@@ -571,6 +571,51 @@ class TestBounds(ServerCase):
         finally:
             srv.close()
 
+    def test_unread_replies_bound(self):
+        """A peer that sends requests and does not read the replies: once the large replies
+        queued for its connection reach max_queued_reply_bytes, its further requests are
+        answered Busy "replies_unread" without running; once it has read, it is served."""
+        ran = []
+        size, n = 256 << 10, 200
+
+        def big(args):
+            ran.append(1)
+            return b"b" * size
+        srv = ctlrpc.Server({"big": big}, "tcp://127.0.0.1:0", max_queued_reply_bytes=1 << 20)
+        try:
+            d = self.ctx.socket(zmq.DEALER)
+            self.socks.append(d)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.RCVHWM, 1)
+            d.setsockopt(zmq.RCVBUF, 4096)
+            d.connect(srv.endpoint)
+            for i in range(n):
+                d.send(_wire.pack_request("big", "q%d" % i, {}))
+            support.wait_for(lambda: srv.stats()["requests"] >= n,
+                             "every request answered or refused", 30)
+            served = busy = 0
+            for _ in range(n):
+                _rid, ok, body = msgpack.unpackb(self.recv(d, 30)[-1], raw=False)
+                if ok:
+                    self.assertEqual(len(body), size)
+                    served += 1
+                    continue
+                err = body
+                self.assertEqual((err["kind"], err["reason"]), ("Busy", "replies_unread"), err)
+                self.assertRegex(err["msg"], r"^op 'big': \d+ bytes of replies to this "
+                                 r"connection are unread \(max_queued_reply_bytes 1048576\)")
+                busy += 1
+            self.assertGreater(busy, 0)
+            self.assertEqual(served + busy, n)
+            self.assertEqual(len(ran), served)  # the refused ones did not run
+            # Read: served again (libzmq frees the last reply read a moment after it left).
+            def again():
+                d.send(_wire.pack_request("big", "after", {}))
+                return msgpack.unpackb(self.recv(d, 30)[-1], raw=False)[1]
+            support.wait_for(again, "served again once the replies were read", 10)
+        finally:
+            srv.close()
+
     def test_packed_size(self):
         """packed_size counts what pack makes, and stops once past the limit."""
         for v in (None, True, 1, -1, 300, -300, 1 << 40, 1.5, "", "a" * 40, "é" * 200,

@@ -480,6 +480,94 @@ static void test_reply_bound(void **state)
     tu_unit_stop(&u);
 }
 
+/* A peer that sends requests and does not read the replies: once the
+ * large replies queued for its connection reach max_queued_reply_bytes,
+ * its further requests are answered Busy "replies_unread" without running;
+ * once it has read them, it is served again. */
+static void test_unread_replies_bound(void **state)
+{
+    fx *f = *state;
+    enum { N = 200, SIZE = 256 * 1024 };
+    ctl_server_options so;
+    ctl_server_options_init(&so);
+    so.max_queued_reply_bytes = 1 << 20;
+    tu_unit u;
+    assert_int_equal(tu_unit_start(&u, &so, &f->err), 0);
+    /* A peer that reads as little as it can: a small kernel buffer, one
+     * message in its pipe. */
+    void *d = zmq_socket(f->ctx, ZMQ_DEALER);
+    int zero = 0, one = 1, rcvbuf = 4096;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(d, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    assert_int_equal(zmq_connect(d, u.endpoint), 0);
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "n");
+    msgpack_pack_int(&f->args.pk, SIZE);
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        int len = snprintf(id, sizeof id, "q%d", i);
+        tu_buf_reset(&f->req);
+        tu_pack_request(&f->req, "alloc", id, (size_t)len, f->args.sb.data, f->args.sb.size);
+        assert_int_equal(tu_raw_send(d, f->req.sb.data, f->req.sb.size), 0);
+    }
+    /* Every request answered or refused before the peer reads a thing. */
+    ctl_server_stats st;
+    int64_t until = tu_now_ms() + 30000;
+    do {
+        tu_sleep_ms(5);
+        ctl_server_stats_get(u.server, &st);
+    } while (st.requests < N && tu_now_ms() < until);
+    assert_int_equal(st.requests, N);
+    int served = 0, busy = 0;
+    for (int i = 0; i < N; i++) {
+        tu_rx_free(&f->rx);
+        msgpack_zone_clear(&f->zone);
+        assert_int_equal(tu_raw_recv(d, 30000, &f->rx), 0);
+        assert_int_equal(tu_parse_reply(f->rx.frame[0], f->rx.len[0], &f->zone, &f->rep), 0);
+        if (f->rep.ok) {
+            assert_int_equal(f->rep.body.via.bin.size, SIZE);
+            served++;
+            continue;
+        }
+        assert_true(tu_obj_is_str(tu_obj_get(&f->rep.body, "kind"), "Busy"));
+        assert_true(tu_obj_is_str(tu_obj_get(&f->rep.body, "reason"), "replies_unread"));
+        const msgpack_object *msg = tu_obj_get(&f->rep.body, "msg");
+        assert_non_null(msg);
+        char buf[256];
+        size_t n = msg->via.str.size < sizeof buf - 1 ? msg->via.str.size : sizeof buf - 1;
+        memcpy(buf, msg->via.str.ptr, n);
+        buf[n] = '\0';
+        if (!strstr(buf, "op 'alloc': ") || !strstr(buf, "(max_queued_reply_bytes 1048576)"))
+            fail_msg("unexpected Busy message: %s", buf);
+        busy++;
+    }
+    /* Refused ones did not run; the kernel buffers took some, then the
+     * bound held: at most 1 MiB plus one reply queued beyond them. */
+    assert_true(busy > 0);
+    assert_int_equal(served + busy, N);
+    assert_int_equal(atomic_load(&u.calls), served);
+    /* Read: served again, on the same connection. */
+    tu_buf_reset(&f->req);
+    tu_pack_request(&f->req, "alloc", "after", 5, f->args.sb.data, f->args.sb.size);
+    int64_t again = tu_now_ms() + 10000;
+    for (;;) {
+        assert_int_equal(tu_raw_send(d, f->req.sb.data, f->req.sb.size), 0);
+        tu_rx_free(&f->rx);
+        msgpack_zone_clear(&f->zone);
+        assert_int_equal(tu_raw_recv(d, 30000, &f->rx), 0);
+        assert_int_equal(tu_parse_reply(f->rx.frame[0], f->rx.len[0], &f->zone, &f->rep), 0);
+        /* ZeroMQ frees the last reply read a moment after its bytes left. */
+        if (f->rep.ok || tu_now_ms() > again)
+            break;
+        tu_sleep_ms(5);
+    }
+    assert_true(f->rep.ok);
+    zmq_close(d);
+    tu_unit_stop(&u);
+}
+
 /* ---- notify ops ------------------------------------------------------------------ */
 
 static void test_notify_sends_nothing(void **state)
@@ -971,6 +1059,7 @@ int main(void)
         T(test_error_maps_on_the_wire),
         T(test_results_nil_and_arena),
         T(test_reply_bound),
+        T(test_unread_replies_bound),
         T(test_notify_sends_nothing),
         T(test_failing_notify_sends_nothing),
         T(test_handlers_run_under_the_lock),

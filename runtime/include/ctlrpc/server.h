@@ -140,13 +140,20 @@ typedef struct ctl_server_options {
      * much memory to build. */
     size_t max_reply_bytes;
     /* Most replies queued for one connection that the peer has not read
-     * (ZMQ_SNDHWM, a count: ZeroMQ has no byte bound); beyond it a reply is
-     * not sent and counted in send_failures. So a peer that never reads
-     * its replies pins at most about max_queued_replies * max_reply_bytes,
-     * plus the kernel's socket buffer. 0: 1000 (ZeroMQ's default; honest
-     * clients have one call per connection in flight, or a window of
-     * pipelined ones). */
+     * (ZMQ_SNDHWM, a count); beyond it a reply is not sent and counted in
+     * send_failures. 0: 1000 (ZeroMQ's default; honest clients have one
+     * call per connection in flight, or a window of pipelined ones). */
     unsigned max_queued_replies;
+    /* The bytes of unread replies one connection may hold: a request (not a
+     * notify, not a built-in) that arrives on a connection holding at least
+     * this many is answered Busy, reason "replies_unread", without running.
+     * Counted are the replies of 32 KiB and more, from when they are queued
+     * until ZeroMQ has handed them to the kernel (or the connection has
+     * closed). So a peer that never reads its replies pins at most
+     * max_queued_reply_bytes + max_reply_bytes (the last one let through)
+     * + max_queued_replies * 32 KiB (the smaller ones), plus the kernel's
+     * socket buffer. 0: 256 MiB. */
+    size_t max_queued_reply_bytes;
     /* Dead and silent peers are reaped. A connection must complete its
      * ZeroMQ handshake within handshake_timeout_ms (ZMQ_HANDSHAKE_IVL; 0:
      * CTL_DEFAULT_HANDSHAKE_MS; negative: no limit). Once connected, the

@@ -76,6 +76,11 @@ COUNTERS = ("requests", "replies", "dropped", "send_failures", "undeclared", "au
 # ctl_server_options): replies queued per connection (ZMQ_SNDHWM), the time a connection has to
 # finish its handshake, the heartbeat that reaps silent peers.
 DEFAULT_MAX_QUEUED_REPLIES = 1000
+# Bytes of unread replies one connection may hold before its requests get Busy
+# "replies_unread" (counting replies of ZERO_COPY_MIN bytes and more, sent without a copy and
+# tracked until libzmq has handed them to the kernel).
+DEFAULT_MAX_QUEUED_REPLY_BYTES = 256 << 20
+ZERO_COPY_MIN = 32 << 10
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 DEFAULT_HEARTBEAT = 10.0
 # Frames of one message read per turn of the serving loop: between turns the close pipe and
@@ -193,8 +198,12 @@ class Dispatch:
                  idl: Sequence[Tuple[str, Union[str, bytes]]] = (),
                  idl_sha256: Optional[str] = None,
                  max_reply_bytes: Optional[int] = None,
-                 deadline_skew: Optional[float] = DEFAULT_DEADLINE_SKEW) -> None:
+                 deadline_skew: Optional[float] = DEFAULT_DEADLINE_SKEW,
+                 max_queued_reply_bytes: int = 0) -> None:
         self.deadline_skew_ms = _skew_ms(deadline_skew)
+        # A request (not a notify, not a built-in) from a connection holding at least this many
+        # bytes of unread replies is answered Busy "replies_unread" without running; 0: none.
+        self.max_queued_reply_bytes = max_queued_reply_bytes
         self._expired_log_at = 0.0  # monotonic: when the last skipped request was logged
         self._expired_unlogged = 0
         for op, fn in handlers.items():
@@ -254,21 +263,24 @@ class Dispatch:
 
     # ---- one message ----------------------------------------------------------------------
 
-    def handle(self, frames: Sequence[bytes], count: Optional[int] = None) -> Optional[List[bytes]]:
+    def handle(self, frames: Sequence[bytes], count: Optional[int] = None,
+               unread: int = 0) -> Optional[List[bytes]]:
         """The reply to the message `frames` (its first `count` frames, when more were
-        received than kept), or None. Never raises."""
+        received than kept), or None; `unread`: the bytes of replies queued for its connection
+        that the peer has not read. Never raises."""
         self.cur = None
         self._t0 = time.perf_counter_ns()
         if frames:
             self.counters["bytes_in"] += len(frames[-1])
         try:
-            return self._handle(frames, len(frames) if count is None else count)
+            return self._handle(frames, len(frames) if count is None else count, unread)
         except Exception:  # a bug here must not end the serving thread
             log.exception("ctlrpc server: unexpected failure serving a message")
             self.counters["dropped"] += 1
             return None
 
-    def _handle(self, frames: Sequence[bytes], count: int) -> Optional[List[bytes]]:
+    def _handle(self, frames: Sequence[bytes], count: int,
+                unread: int = 0) -> Optional[List[bytes]]:
         delimited = count == 3 and len(frames) >= 2 and len(frames[1]) == 0
         if count < 2 or count > 3 or (count == 3 and not delimited) or len(frames) < count:
             self.counters["dropped"] += 1
@@ -303,6 +315,15 @@ class Dispatch:
             return head + [_wire.pack_error_reply(
                 rq.id, "Busy", "unit is shutting down: retry at another unit or later",
                 reason="draining")]
+        if handler is not None and cur is not None and not noreply and \
+                self.max_queued_reply_bytes and unread >= self.max_queued_reply_bytes:
+            # Not run: its reply would join the ones its peer has not read. A notify makes no
+            # reply and is served.
+            cur.count_error("Busy")
+            return head + [_wire.pack_error_reply(
+                rq.id, "Busy", f"op '{rq.op}': {unread} bytes of replies to this connection are "
+                f"unread (max_queued_reply_bytes {self.max_queued_reply_bytes}): read them, "
+                "then retry", reason="replies_unread")]
         if handler is None or cur is None:
             service = f" (service {self.name})" if self.name else ""
             return head + [self._refuse(rq.id, f"unknown op '{_wire.show(rq.op)}'{service}")]
@@ -552,7 +573,11 @@ class Server:
     largest frame accepted (ZMQ_MAXMSGSIZE). max_reply_bytes: the largest reply sent (default
     max_msg_bytes; a larger one is a Protocol error saying so, refused before it is packed).
     max_queued_replies: replies queued for one connection that does not read them (ZMQ_SNDHWM;
-    further ones are dropped, counted in send_failures). handshake_timeout: seconds a
+    further ones are dropped, counted in send_failures). max_queued_reply_bytes: the bytes of
+    unread replies one connection may hold (default 256 MiB, counting the replies of 32 KiB and
+    more until libzmq has handed them to the kernel); a request (not a notify, not a built-in)
+    from a connection holding at least this many is answered Busy "replies_unread" without
+    running, as the C unit's. handshake_timeout: seconds a
     connection has to finish its ZeroMQ handshake (0: no limit). heartbeat: seconds between the
     ZMTP heartbeats that close a connection silent for heartbeat_timeout (default three
     heartbeats; heartbeat 0: none). max_connections, max_connections_per_address: caps on open
@@ -582,6 +607,7 @@ class Server:
                  describe: bool = True, idl: Sequence[Tuple[str, Union[str, bytes]]] = (),
                  idl_sha256: Optional[str] = None, max_reply_bytes: Optional[int] = None,
                  max_queued_replies: int = DEFAULT_MAX_QUEUED_REPLIES,
+                 max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  heartbeat: float = DEFAULT_HEARTBEAT,
                  heartbeat_timeout: Optional[float] = None,
@@ -591,6 +617,9 @@ class Server:
             raise ValueError(f"server: max_msg_bytes {max_msg_bytes} is not positive")
         if max_reply_bytes is not None and max_reply_bytes <= 0:
             raise ValueError(f"server: max_reply_bytes {max_reply_bytes} is not positive")
+        if not isinstance(max_queued_reply_bytes, int) or max_queued_reply_bytes <= 0:
+            raise ValueError(f"server: max_queued_reply_bytes {max_queued_reply_bytes!r} is not "
+                             "a positive size")
         for what, v in (("max_queued_replies", max_queued_replies),
                         ("max_connections", max_connections),
                         ("max_connections_per_address", max_connections_per_address)):
@@ -604,7 +633,12 @@ class Server:
                               limits=_wire.Limits(max_msg_bytes=max_msg_bytes), name=name,
                               describe=describe, idl=idl, idl_sha256=idl_sha256,
                               max_reply_bytes=max_reply_bytes,
-                              deadline_skew=deadline_skew)
+                              deadline_skew=deadline_skew,
+                              max_queued_reply_bytes=max_queued_reply_bytes)
+        # Large replies sent without a copy and not yet handed to the kernel, by routing id:
+        # (tracker, bytes) each. The serving thread's own.
+        self._unread: Dict[bytes, List[Tuple[zmq.MessageTracker, int]]] = {}
+        self._unread_pruned = 0  # len(_unread) after the last sweep of every entry
         address = _bind_address(bind)
         secret = None if curve_secret is None else curve.load_key(curve_secret, True,
                                                                   "curve_secret")
@@ -654,6 +688,9 @@ class Server:
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
             self._router.setsockopt(zmq.SNDHWM, max_queued_replies)
+            # pyzmq copies frames below its threshold even when asked not to; the replies it
+            # tracks are the ones ZERO_COPY_MIN and larger, as the C unit's.
+            self._router.copy_threshold = ZERO_COPY_MIN
             self._router.setsockopt(zmq.HANDSHAKE_IVL, _ms(handshake_timeout))
             if heartbeat > 0:
                 self._router.setsockopt(zmq.HEARTBEAT_IVL, _ms(heartbeat))
@@ -978,15 +1015,40 @@ class Server:
                       self.endpoint, count)
             return True
         core = self._core
-        reply = core.handle(frames, count)
+        reply = core.handle(frames, count, self._unread_bytes(frames[0]) if count >= 2 else 0)
         if reply is not None:
+            size = len(reply[-1])
             try:
-                router.send_multipart(reply, zmq.NOBLOCK, copy=len(reply[-1]) < (32 << 10))
-                core.sent(True, len(reply[-1]))
+                if size < ZERO_COPY_MIN:
+                    router.send_multipart(reply, zmq.NOBLOCK)
+                else:
+                    tracker = router.send_multipart(reply, zmq.NOBLOCK, copy=False, track=True)
+                    self._charge(reply[0], tracker, size)
+                core.sent(True, size)
             except zmq.ZMQError:
                 core.sent(False, 0)
         core.done()
         return True
+
+    def _unread_bytes(self, identity: bytes) -> int:
+        """The bytes of large replies to the connection `identity` that libzmq still holds."""
+        held = self._unread.get(identity)
+        if not held:
+            return 0
+        held[:] = [h for h in held if not h[0].done]
+        if not held:
+            del self._unread[identity]
+            return 0
+        return sum(h[1] for h in held)
+
+    def _charge(self, identity: bytes, tracker: Any, size: int) -> None:
+        """Keep a large reply's tracker until libzmq is done with it. Entries of connections
+        that never ask again are swept once the table has doubled since the last sweep."""
+        self._unread.setdefault(identity, []).append((tracker, size))
+        if len(self._unread) > max(64, 2 * self._unread_pruned):
+            for ident in list(self._unread):
+                self._unread_bytes(ident)
+            self._unread_pruned = len(self._unread)
 
     def _read_monitor(self) -> bool:
         """Count the ROUTER's connection events waiting on its monitor; True once the monitor
