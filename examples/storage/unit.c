@@ -117,6 +117,20 @@ static void reload_allowlist(ctl_server *server, const char *allow_file)
     ctl_error_fini(&err);
 }
 
+/* The default --max-connections: the open-file limit less a reserve for
+ * the unit's own files (spill files, its sockets, connections still in their
+ * handshake), so that idle connections never take the last descriptor and
+ * leave the unit failing every accept. No cap when there is no limit. */
+static unsigned default_max_connections(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > UINT32_MAX)
+        return 0;
+    rlim_t reserve = rl.rlim_cur > 256 ? 64 : rl.rlim_cur / 4;
+    return rl.rlim_cur > reserve ? (unsigned)(rl.rlim_cur - reserve) : 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -184,7 +198,8 @@ static void usage(FILE *f)
           "                       ago: the clock skew allowed between hosts\n"
           "                       (default 1000; 0: the default; negative: no check)\n"
           "  --max-connections N  refuse connections beyond N open at once, during\n"
-          "                       their handshake (logged, counted; default: no cap)\n"
+          "                       their handshake (logged, counted; default: the\n"
+          "                       open-file limit less 64; 0: no cap)\n"
           "  --max-connections-per-address N\n"
           "                       the same for the connections of one IP address\n"
           "  --no-describe        answer the built-in op _describe (which returns\n"
@@ -252,7 +267,8 @@ int main(int argc, char **argv)
     uint64_t max_list = STORE_DEFAULT_MAX_LIST_KEYS, drain_ms = 5000;
     int handshake_ms = 0, heartbeat_ms = 0; /* 0: the runtime's defaults */
     int skew_ms = 0;                        /* 0: the runtime's default */
-    uint64_t max_conns = 0, max_conns_per = 0;   /* 0: no cap */
+    uint64_t max_conns = UINT64_MAX;             /* the default: default_max_connections() */
+    uint64_t max_conns_per = 0;                  /* 0: no cap */
     uint64_t max_queued = 0;                     /* 0: the runtime's default */
     uint64_t max_queued_bytes = 0;               /* 0: the runtime's default */
     bool no_describe = false;
@@ -301,12 +317,13 @@ int main(int argc, char **argv)
         case 'Q': {
             uint64_t *to = c == 'C' ? &max_conns : c == 'P' ? &max_conns_per : &max_queued;
             uint64_t most = c == 'Q' ? INT_MAX : UINT32_MAX; /* ZMQ_SNDHWM is an int */
-            if (store_parse_size(optarg, to) != 0 || *to == 0 || *to > most) {
-                fprintf(stderr, "ctl-storage-unit: %s '%s' is not a count from 1 to "
+            /* --max-connections 0: no cap at all. */
+            if (store_parse_size(optarg, to) != 0 || (*to == 0 && c != 'C') || *to > most) {
+                fprintf(stderr, "ctl-storage-unit: %s '%s' is not a count from %d to "
                         "%llu\n", c == 'C' ? "--max-connections"
                                    : c == 'P' ? "--max-connections-per-address"
                                               : "--max-queued-replies", optarg,
-                        (unsigned long long)most);
+                        c == 'C' ? 0 : 1, (unsigned long long)most);
                 return 2;
             }
             break;
@@ -517,7 +534,7 @@ int main(int argc, char **argv)
     so.handshake_timeout_ms = handshake_ms;
     so.heartbeat_ms = heartbeat_ms;
     so.deadline_skew_ms = skew_ms;
-    so.max_connections = (unsigned)max_conns;
+    so.max_connections = max_conns == UINT64_MAX ? default_max_connections() : (unsigned)max_conns;
     so.max_queued_replies = (unsigned)max_queued;
     so.max_queued_reply_bytes = (size_t)max_queued_bytes;
     so.max_connections_per_address = (unsigned)max_conns_per;

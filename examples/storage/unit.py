@@ -38,6 +38,7 @@ import errno
 import logging
 import os
 import re
+import resource
 import signal
 import sys
 import threading
@@ -433,6 +434,17 @@ def _size_arg(name: str, positive: bool = True, most: Optional[int] = None,
     return parse
 
 
+def default_max_connections() -> int:
+    """The default --max-connections, as the C unit's: the open-file limit less a reserve for
+    the unit's own files (spill files, its sockets, connections still in their handshake), so
+    that idle connections never take the last descriptor; 0 (no cap) when there is no limit."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 2 ** 32 - 1:
+        return 0
+    reserve = 64 if soft > 256 else soft // 4
+    return max(1, soft - reserve)
+
+
 def _skew_arg(text: str) -> int:
     if not re.fullmatch(r"-?[0-9]{1,10}", text):
         raise argparse.ArgumentTypeError(f"--deadline-skew-ms '{text}' is not a number of "
@@ -504,11 +516,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                     help="send each connection a heartbeat this often and close one silent "
                          "for three of them (default 10000; every ZeroMQ client answers by "
                          "itself)")
-    ap.add_argument("--max-connections", metavar="N", default=0,
-                    type=_size_arg("--max-connections", most=2 ** 32 - 1,
-                                   what="a count from 1 to 4294967295"),
+    ap.add_argument("--max-connections", metavar="N", default=None,
+                    type=_size_arg("--max-connections", False, most=2 ** 32 - 1,
+                                   what="a count from 0 to 4294967295"),
                     help="refuse connections beyond N open at once, during their handshake "
-                         "(logged, counted; default: no cap)")
+                         "(logged, counted; default: the open-file limit less 64; 0: no cap)")
     ap.add_argument("--max-connections-per-address", metavar="N", default=0,
                     type=_size_arg("--max-connections-per-address", most=2 ** 32 - 1,
                                    what="a count from 1 to 4294967295"),
@@ -686,7 +698,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "max_queued_reply_bytes": args.max_queued_reply_bytes,
                                "handshake_timeout": args.handshake_timeout / 1000.0,
                                "heartbeat": args.heartbeat / 1000.0,
-                               "max_connections": args.max_connections,
+                               "max_connections": default_max_connections()
+                               if args.max_connections is None else args.max_connections,
                                "max_connections_per_address": args.max_connections_per_address,
                                "deadline_skew": deadline_skew(args.deadline_skew_ms)}
     if secret is not None:

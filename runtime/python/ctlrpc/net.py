@@ -233,10 +233,12 @@ def stop_monitor(sock: "zmq.Socket[Any]") -> None:
         pass
 
 
-def monitor_events(mon: "zmq.Socket[Any]") -> Iterator[Tuple[int, int]]:
-    """The (event, value) pairs waiting on a socket monitor, without blocking; frames that do
-    not parse as a monitor message are skipped."""
-    while True:
+def monitor_events(mon: "zmq.Socket[Any]", most: int = -1) -> Iterator[Tuple[int, int]]:
+    """The (event, value) pairs waiting on a socket monitor, without blocking, at most `most`
+    of them (negative: every one); frames that do not parse as a monitor message are
+    skipped."""
+    while most != 0:
+        most -= 1
         try:
             # Asking first is cheaper than the zmq.Again an empty receive raises (a client
             # reads a pooled socket's monitor before every request it sends on it).

@@ -88,6 +88,11 @@ DEFAULT_HEARTBEAT = 10.0
 # a drain or new clients' handshakes for long. A message of more than three frames is dropped
 # (counted in `dropped`) once it has been read to its end.
 FRAMES_PER_TURN = 1 << 16
+# Monitor events read per hold of the monitor's lock. Out of file descriptors, libzmq's I/O
+# thread retries its accept without pause and reports each failure: read without a bound, that
+# flood would keep the lock (and the GIL) from the ZAP handler, whose refusals over the
+# connection caps are what frees descriptors again.
+MONITOR_BATCH = 1024
 DEFAULT_DEADLINE_SKEW = 1.0  # seconds: the C runtime's CTL_DEFAULT_DEADLINE_SKEW_MS
 EXPIRED_LOG_EVERY = 1.0  # skipped requests are logged at most this often
 
@@ -959,6 +964,9 @@ class Server:
                     if self._monitor_done or self._read_monitor():
                         self._monitor_done = True
                         break
+                    more = int(mon.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+                if more:
+                    continue  # a batch's worth read: let the ZAP handler in, then go on
                 # ZeroMQ's descriptor says only that the socket's state may have changed;
                 # the reads above (zmq.EVENTS first) rearm it. Either thread may have read
                 # the events it signals: the next turn finds nothing, at no cost.
@@ -1051,11 +1059,11 @@ class Server:
             self._unread_pruned = len(self._unread)
 
     def _read_monitor(self) -> bool:
-        """Count the ROUTER's connection events waiting on its monitor; True once the monitor
-        has said it stopped."""
+        """Count the ROUTER's connection events waiting on its monitor, at most MONITOR_BATCH
+        of them; True once the monitor has said it stopped."""
         assert self._monitor is not None
         c = self._core.counters
-        for event, value in net.monitor_events(self._monitor):
+        for event, value in net.monitor_events(self._monitor, MONITOR_BATCH):
             if event == zmq.EVENT_MONITOR_STOPPED:
                 return True
             if event == zmq.EVENT_ACCEPTED:
