@@ -411,6 +411,7 @@ typedef struct zap_handler {
     pthread_t thread;
     size_t users;
     pthread_mutex_t mu; /* guards `list` and what its entries hold */
+    pthread_cond_t idle; /* an entry's `busy` has dropped to zero */
     ctl_zap *list;
 } zap_handler;
 
@@ -445,6 +446,14 @@ struct ctl_zap {
     char (*fd_addr)[INET6_ADDRSTRLEN]; /* the address of each open fd */
     size_t fd_cap;
     ctl_log_limit cap_limit;
+    /* The unit's catch-up (ctl_zap_set_catch_up): reads the monitor
+     * events waiting, so that the caps judge a connection with every
+     * earlier accept counted. Called by the handler's thread without `mu`
+     * held, while `busy` keeps the entry (and so its unit) alive:
+     * ctl_zap_destroy waits for it. */
+    void (*catch_up)(void *arg);
+    void *catch_up_arg;
+    unsigned busy;
 };
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -565,6 +574,20 @@ static bool zap_judge(zap_handler *h, zmq_msg_t *f, int kept, zap_refusal *r)
     for (size_t i = 0; curve && i < z->count && !allowed; i++)
         allowed = memcmp(z->keys[i], zmq_msg_data(&f[6]), 32) == 0;
     if (allowed && (z->caps.max_connections || z->caps.max_per_address)) {
+        if (z->catch_up) {
+            /* Its monitor's thread may not have read this connection's
+             * accept yet (nor the ones before): read what is waiting. The
+             * catch-up counts through ctl_zap_conn_opened, which takes
+             * `mu`: let it go meanwhile, keeping the entry with `busy`. */
+            void (*fn)(void *) = z->catch_up;
+            void *arg = z->catch_up_arg;
+            z->busy++;
+            pthread_mutex_unlock(&h->mu);
+            fn(arg);
+            pthread_mutex_lock(&h->mu);
+            if (--z->busy == 0)
+                pthread_cond_broadcast(&h->idle);
+        }
         allowed = judge_caps(z, kept >= 4 ? &f[3] : NULL, r);
         pthread_mutex_unlock(&h->mu);
         return allowed;
@@ -657,6 +680,7 @@ static void free_handler(zap_handler *h)
     if (h->wake[1] >= 0)
         close(h->wake[1]);
     pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->idle);
     free(h);
 }
 
@@ -672,6 +696,7 @@ static int start_handler(void *ctx, const char *who, zap_handler **out, ctl_erro
     h->ctx = ctx;
     h->wake[0] = h->wake[1] = -1;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->idle, NULL);
     if (pipe2(h->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         h->wake[0] = h->wake[1] = -1;
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
@@ -733,6 +758,8 @@ void ctl_zap_destroy(ctl_zap **zap)
             *pp = z->next;
             break;
         }
+    while (z->busy) /* the handler's thread is in the unit's catch-up */
+        pthread_cond_wait(&h->idle, &h->mu);
     pthread_mutex_unlock(&h->mu);
     if (--h->users == 0) {
         for (zap_handler **pp = &handlers; *pp; pp = &(*pp)->next)
@@ -757,6 +784,14 @@ void ctl_zap_destroy(ctl_zap **zap)
     free(z->keys);
     free(z);
     *zap = NULL;
+}
+
+void ctl_zap_set_catch_up(ctl_zap *zap, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&zap->h->mu);
+    zap->catch_up = fn;
+    zap->catch_up_arg = arg;
+    pthread_mutex_unlock(&zap->h->mu);
 }
 
 void ctl_zap_conn_opened(ctl_zap *zap, int fd)

@@ -55,6 +55,14 @@ int ctl_zap_new(void *ctx, const char *const *keys, size_t count,
 void ctl_zap_conn_opened(ctl_zap *zap, int fd);
 void ctl_zap_conn_closed(ctl_zap *zap, int fd);
 
+/* With caps: before a handshake is judged, the handler's thread calls
+ * fn(arg) (without its own lock held) to count the monitor events the
+ * unit's monitor thread has not read yet: libzmq reports a connection's
+ * accept before its handshake asks ZAP, so the caps then see every earlier
+ * connection. fn may call ctl_zap_conn_opened/closed; ctl_zap_destroy
+ * waits for a call under way. */
+void ctl_zap_set_catch_up(ctl_zap *zap, void (*fn)(void *arg), void *arg);
+
 /* Whether `zap` (may be NULL) has caps, and so wants those events. */
 bool ctl_zap_counts(const ctl_zap *zap);
 

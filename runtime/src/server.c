@@ -40,6 +40,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <poll.h>
+#include <pthread.h>
+
 #include <arpa/inet.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
@@ -71,6 +74,16 @@
 /* Replies at least this large go to ZeroMQ without a copy, charged to their
  * connection in the ledger until ZeroMQ frees them. */
 #define ZERO_COPY_MIN ((size_t)32 * 1024)
+/* Monitor events read per hold of the reader's lock by the monitor thread,
+ * and at most by one catch-up of the ZAP handler. Out of file descriptors,
+ * libzmq's I/O thread retries its accept without pause and reports each
+ * failure: read without a bound, that flood would keep the ZAP handler,
+ * whose refusals over the caps free descriptors, from the lock. */
+#define MONITOR_BATCH 1024
+#define CATCH_UP_MOST 4096
+/* The longest the monitor thread waits before it looks at its socket
+ * again, should its descriptor miss a change. */
+#define MONITOR_POLL_MS 100
 /* Messages handled per wake-up before the close pipe is looked at again. */
 #define BATCH 256
 /* How often a blocked serving thread looks at the drain flag, and how long
@@ -93,7 +106,8 @@ struct ctl_server {
     atomic_int draining; /* set by drain before it wakes the thread */
     _Atomic int64_t drain_deadline_ms;
     char endpoint[CTL_ENDPOINT_MAX];
-    void *monitor;       /* PAIR on the ROUTER's monitor; the monitor thread's */
+    void *monitor;       /* PAIR on the ROUTER's monitor, read under reader->mu */
+    struct monitor_reader *reader; /* what reading it keeps */
     pthread_t monitor_thread;
     int monitor_started;
     ctl_log_limit send_limit; /* send failures (serving thread) */
@@ -342,6 +356,16 @@ typedef struct hs_pending {
     size_t fd_cap;
 } hs_pending;
 
+/* What reading the monitor keeps; all under `mu`, taken by the monitor
+ * thread and by the ZAP handler's catch-up (catch_up_monitor), which read
+ * the monitor socket in turn. */
+typedef struct monitor_reader {
+    pthread_mutex_t mu;
+    bool done; /* the monitor has stopped: its socket is not read again */
+    ctl_log_limit accept_limit, handshake_limit[HS_KINDS];
+    hs_pending hs;
+} monitor_reader;
+
 static void peer_address(int fd, char *out, size_t len)
 {
     struct sockaddr_storage ss;
@@ -551,37 +575,75 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
     }
 }
 
-/* The monitor thread: until the monitor stops (close) or the context is
- * shut down. */
-static void *monitor_main(void *arg)
+/* Read at most `most` waiting monitor events, without blocking, under
+ * r->mu; sets r->done once the monitor has stopped (or the context is shut
+ * down). Returns whether more may be waiting. */
+static bool read_events(ctl_server *s, int most)
 {
-    ctl_server *s = arg;
-    ctl_log_limit accept_limit = {0}, handshake_limit[HS_KINDS] = {{0}};
-    hs_pending hs = {0};
-    for (;;) {
-        zmq_msg_t f[2];
-        int n = ctl_recv_message(s->monitor, f, 2, 0);
-        if (n < 0) {
-            if (zmq_errno() == EINTR || zmq_errno() == EAGAIN)
-                continue;
-            break;
+    monitor_reader *r = s->reader;
+    for (int i = 0; i < most; i++) {
+        int events = 0;
+        size_t len = sizeof events;
+        if (zmq_getsockopt(s->monitor, ZMQ_EVENTS, &events, &len) != 0) {
+            if (zmq_errno() != EINTR)
+                r->done = true; /* ETERM: the context is shut down */
+            return false;
         }
-        int stop = 0;
+        if (!(events & ZMQ_POLLIN))
+            return false;
+        zmq_msg_t f[2];
+        int n = ctl_recv_message(s->monitor, f, 2, ZMQ_DONTWAIT);
+        if (n < 0) {
+            if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
+                r->done = true;
+            return false;
+        }
         if (zmq_msg_size(&f[0]) >= 6) {
             const unsigned char *b = zmq_msg_data(&f[0]);
             uint16_t event;
             uint32_t value;
             memcpy(&event, b, sizeof event);
             memcpy(&value, b + 2, sizeof value);
-            stop = monitor_event(s, event, value, &accept_limit, handshake_limit, &hs);
+            if (monitor_event(s, event, value, &r->accept_limit, r->handshake_limit, &r->hs))
+                r->done = true;
         }
         ctl_frames_close(f, n < 2 ? n : 2);
-        if (stop)
-            break;
+        if (r->done)
+            return false;
     }
-    free(hs.fifo);
-    free(hs.fd);
+    return true;
+}
+
+/* The monitor thread: reads the events as they come, a batch per hold of
+ * the reader's lock (the ZAP handler's catch-up takes it too), until the
+ * monitor stops (close) or the context is shut down; then closes the
+ * reader. It waits on the socket's descriptor, which tells only that its
+ * state may have changed (the reads rearm it), with a timeout as a floor. */
+static void *monitor_main(void *arg)
+{
+    ctl_server *s = arg;
+    monitor_reader *r = s->reader;
+    int fd = -1;
+    size_t len = sizeof fd;
+    pthread_mutex_lock(&r->mu);
+    if (zmq_getsockopt(s->monitor, ZMQ_FD, &fd, &len) != 0)
+        fd = -1;
+    pthread_mutex_unlock(&r->mu);
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        bool more = !r->done && read_events(s, MONITOR_BATCH);
+        bool done = r->done;
+        pthread_mutex_unlock(&r->mu);
+        if (done)
+            break;
+        if (more)
+            continue;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(fd >= 0 ? &p : NULL, fd >= 0 ? 1 : 0, MONITOR_POLL_MS); /* EINTR: look again */
+    }
+    pthread_mutex_lock(&r->mu);
     zmq_close(s->monitor);
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -590,6 +652,9 @@ static int start_monitor(ctl_server *s, const char *addr, ctl_error *err)
 {
     char name[CTL_INPROC_NAME_MAX];
     int zero = 0;
+    if (!(s->reader = calloc(1, sizeof *s->reader)))
+        return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server %s: out of memory", addr);
+    pthread_mutex_init(&s->reader->mu, NULL);
     ctl_inproc_name(name, sizeof name, "srvmon");
     /* No high-water mark on the reader: ZeroMQ sends monitor events
      * blocking, under a lock of the ROUTER's, so a full pipe would stall
@@ -626,6 +691,18 @@ static void stop_monitor(ctl_server *s)
 }
 
 /* ---- lifecycle ------------------------------------------------------ */
+
+/* The ZAP handler's catch-up before it judges a handshake by the caps
+ * (ctl_zap_set_catch_up): the events its monitor thread has not read yet. */
+static void catch_up_monitor(void *arg)
+{
+    ctl_server *s = arg;
+    monitor_reader *r = s->reader;
+    pthread_mutex_lock(&r->mu);
+    if (!r->done)
+        read_events(s, CATCH_UP_MOST);
+    pthread_mutex_unlock(&r->mu);
+}
 
 /* Register with the ZAP handler of the context (an allowlist, caps) and
  * have the ROUTER ask it, under the unit's own domain. */
@@ -729,11 +806,22 @@ static void free_server(ctl_server *s)
 {
     if (s->hooked && s->hooks.on_destroy)
         s->hooks.on_destroy(s->hooks.arg);
-    if (!s->monitor_started && s->monitor)
+    if (!s->monitor_started && s->monitor) {
+        /* No thread ever read it; the ZAP handler's catch-up may still. */
+        pthread_mutex_lock(&s->reader->mu);
+        s->reader->done = true;
         zmq_close(s->monitor);
+        pthread_mutex_unlock(&s->reader->mu);
+    }
     if (s->router)
         zmq_close(s->router);
-    ctl_zap_destroy(&s->zap);
+    ctl_zap_destroy(&s->zap); /* waits for a catch-up under way */
+    if (s->reader) {
+        free(s->reader->hs.fifo);
+        free(s->reader->hs.fd);
+        pthread_mutex_destroy(&s->reader->mu);
+        free(s->reader);
+    }
     if (s->own_ctx && s->ctx)
         zmq_ctx_term(s->ctx);
     if (s->wake[0] >= 0)
@@ -832,6 +920,8 @@ int ctl_server_new(const ctl_service *service, void *user,
         free_server(s);
         return rc;
     }
+    if (ctl_zap_counts(s->zap))
+        ctl_zap_set_catch_up(s->zap, catch_up_monitor, s);
     if (zmq_bind(s->router, addr) != 0) {
         /* For a name it cannot resolve, libzmq says ENODEV ("No such
          * device"): it also tries the name as an interface's. */

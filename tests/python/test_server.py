@@ -626,9 +626,7 @@ class TestBounds(ServerCase):
         self.assertIsNone(_wire.packed_size(object(), 1000))
 
     def test_connection_cap(self):
-        """Connections over max_connections are refused (ZAP 500) and counted. Each extra
-        connection is made once the server has counted the one before (its monitor may lag a
-        handshake: a burst passes a cap by the connections not yet counted)."""
+        """Connections over max_connections are refused (ZAP 500) and counted."""
         srv = self.serve(max_connections=2)
         try:
             clients = [ctlrpc.Client(timeout=CALL_S) for _ in range(2)]

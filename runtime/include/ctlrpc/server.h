@@ -173,9 +173,10 @@ typedef struct ctl_server_options {
      * refused (the client's call fails as a refused handshake, and its
      * ZeroMQ keeps retrying), counted in ctl_server_stats.conn_refused and
      * logged (warn, at most a line a second). The counts come from the
-     * socket monitor, so a burst of connections may pass a cap by the few
-     * whose handshakes are under way at that moment. Needs the ZAP endpoint
-     * of the context, as an allowlist does. */
+     * socket monitor, whose waiting events the ZAP handler reads before it
+     * judges a handshake, so every connection accepted before it is
+     * counted (those still in their handshake too) and no burst passes a
+     * cap. Needs the ZAP endpoint of the context, as an allowlist does. */
     unsigned max_connections;
     unsigned max_connections_per_address;
     /* Deadlines (docs/PROTOCOL.md, "Deadlines"): a request whose id carries
