@@ -75,22 +75,27 @@ def unit_args(extra: List[str]) -> List[str]:
             "--max-connections", str(s["max_connections"])] + extra
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `cond` until it is true, or fail naming `what` after `timeout` seconds."""
+def wait_for(cond: Callable[[], Any], timeout: float, what: str,
+             explain: Optional[Callable[[], str]] = None) -> Any:
+    """Poll `cond` until it is true, or fail naming `what` (and what `explain` says) after
+    `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         v = cond()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            more = f"; {explain()}" if explain else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{more}")
         time.sleep(0.02)  # polling interval, not a wait for correctness
 
 
 class Unit:
     """A unit started as a child process; its stderr goes to a file read by `log()`."""
 
-    def __init__(self, extra: List[str] = (), env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, extra: List[str] = (), env: Optional[Dict[str, str]] = None,
+                 client_opts: Optional[Dict[str, Any]] = None) -> None:
+        self.client_opts = dict(client_opts or {})  # a CURVE unit's: its key, an allowed one
         self.errf = tempfile.TemporaryFile()
         e = dict(os.environ)
         e["PYTHONPATH"] = os.path.join(ROOT, "runtime", "python")
@@ -106,7 +111,7 @@ class Unit:
             raise AssertionError(f"the unit did not start: {line!r}; {self.log()}")
         self.endpoint = line
         self.host, self.port = "127.0.0.1", int(line.rsplit(":", 1)[1])
-        self.client = ctlrpc.Client(timeout=5.0)
+        self.client = ctlrpc.Client(timeout=5.0, **self.client_opts)
 
     def log(self) -> str:
         self.errf.seek(0)
@@ -125,6 +130,25 @@ class Unit:
     def totals(self) -> Dict[str, Any]:
         return self.client.call(self.endpoint, "_stats", {}, 60.0)["totals"]
 
+    def connections(self) -> int:
+        """The open connections the unit has counted (0 when its own client's connection is
+        refused over a cap)."""
+        try:
+            return int(self.totals()["connections"])
+        except ctlrpc.Transfer as e:
+            if e.cause != "refused":
+                raise
+            return 0
+
+    def state(self) -> str:
+        """The unit's counters and the end of its log, for a failure's message."""
+        try:
+            totals: Any = self.totals()
+        except ctlrpc.Error as e:
+            totals = f"(_stats failed: {e})"
+        tail = self.log().strip().splitlines()[-5:]
+        return f"the unit's totals {totals}; the end of its log: {tail}"
+
     def stop(self) -> None:
         self.client.close()
         if self.proc.poll() is None:
@@ -140,16 +164,17 @@ class Unit:
 
 class Honest:
     """An honest client calling `_health` in a loop on a thread of its own (one pooled
-    connection), counting answers, timeouts and latencies."""
+    connection), counting answers, timeouts and latencies. `client_opts` go to ctlrpc.Client
+    (a CURVE unit's key and an allowed client's)."""
 
-    def __init__(self, endpoint: str, timeout: float = 2.0) -> None:
+    def __init__(self, endpoint: str, timeout: float = 2.0, **client_opts: Any) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.lat: List[float] = []
         self.timeouts = 0
         self.failures: List[str] = []
         self._stop = threading.Event()
-        self._client = ctlrpc.Client(timeout=timeout)
+        self._client = ctlrpc.Client(timeout=timeout, **client_opts)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -178,9 +203,9 @@ class Honest:
               f"{self.timeouts}, other failures {len(self.failures)}", file=sys.stderr)
 
 
-def fresh_call(endpoint: str, timeout: float = 5.0) -> None:
+def fresh_call(endpoint: str, timeout: float = 5.0, **client_opts: Any) -> None:
     """A new client (a new connection) calls once: it must be answered."""
-    with ctlrpc.Client(timeout=timeout) as c:
+    with ctlrpc.Client(timeout=timeout, **client_opts) as c:
         c.call(endpoint, "_health", {}, timeout)
 
 
@@ -237,14 +262,23 @@ def closed_by_peer(s: socket.socket) -> bool:
 
 # ---- the attacks ---------------------------------------------------------------------------------
 
-class HostileTest(unittest.TestCase):
+class UnitUnderAttack(unittest.TestCase):
+    """A unit started with unit_args() and `unit_extra()`, an honest client calling it in a
+    loop, and what every attack asserts; the attacks are in the subclasses."""
     scale = 1
+
+    def unit_extra(self) -> List[str]:
+        return []
+
+    def client_opts(self) -> Dict[str, Any]:
+        """What a client of this unit passes to ctlrpc.Client (a CURVE unit's keys)."""
+        return {}
 
     def setUp(self) -> None:
         # Cleanups, not tearDown: they run even when setUp fails half-way (no unit is left).
-        self.unit = Unit()
+        self.unit = Unit(self.unit_extra(), client_opts=self.client_opts())
         self.addCleanup(self.unit.stop)
-        self.honest = Honest(self.unit.endpoint)
+        self.honest = Honest(self.unit.endpoint, **self.client_opts())
         self.addCleanup(self.honest.stop, self.id().rsplit(".", 1)[-1])
         wait_for(lambda: self.honest.answered() > 0, 30, "the honest client's first answer")
         self.base_rss = self.unit.rss()
@@ -259,6 +293,27 @@ class HostileTest(unittest.TestCase):
     def assert_answering(self, since: int, what: str) -> None:
         wait_for(lambda: self.honest.answered() > since, 30,
                  f"the honest client to be answered during {what}")
+
+    def await_refusal(self, pattern: str, over: Callable[[], bool],
+                      dial_one: Callable[[], Any], what: str) -> None:
+        """Wait for the unit to log a refusal matching `pattern` after a burst of connections
+        past a cap. The C unit's ZAP handler judges a handshake by the counts its monitor
+        thread has read so far, so a burst may pass the cap by the accepts that thread has
+        not read yet (docs/RELIABILITY.md, "Connection caps"): once `over()` says the unit
+        has counted connections over the cap, one more (`dial_one`) must be refused."""
+        def logged() -> bool:
+            return re.search(pattern, self.unit.log()) is not None
+        wait_for(lambda: logged() or over(), 30, f"the unit to refuse or count {what}",
+                 self.unit.state)
+        if not logged():
+            print(f"  {what}: no refusal yet with {self.unit.connections()} connections "
+                  "counted open; one more connection", file=sys.stderr)
+            dial_one()
+        wait_for(logged, 30, f"the unit to log a refusal of {what}", self.unit.state)
+
+
+class HostileTest(UnitUnderAttack):
+    """The attacks on a plaintext unit with the settings above."""
 
     def test_connection_flood(self) -> None:
         """Silent TCP connections and half handshakes, up to the cap: new honest clients still
@@ -289,19 +344,23 @@ class HostileTest(unittest.TestCase):
         (ZAP status 500, logged), the honest pooled client is still answered, and once the
         attacker leaves new clients connect."""
         cap = SETTINGS["max_connections"]
+        self.unit.totals()  # the unit's own client connects before the cap is reached
         ctx = zmq.Context()
         socks = []
+
+        def dial() -> None:
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.RECONNECT_IVL, 5000)
+            d.connect(self.unit.endpoint)
+            socks.append(d)
         try:
             for _ in range(cap + 20):
-                d = ctx.socket(zmq.DEALER)
-                d.setsockopt(zmq.LINGER, 0)
-                d.setsockopt(zmq.RECONNECT_IVL, 5000)
-                d.connect(self.unit.endpoint)
-                socks.append(d)
-            wait_for(lambda: re.search(r"refused a connection from 127\.0\.0\.1: \d+ "
-                                       r"connections are open \(max_connections %d\)" % cap,
-                                       self.unit.log()), 30,
-                     "the unit to log a connection refused over max_connections")
+                dial()
+            self.await_refusal(r"refused a connection from 127\.0\.0\.1: \d+ connections are "
+                               r"open \(max_connections %d\)" % cap,
+                               lambda: self.unit.connections() > cap, dial,
+                               "connections over max_connections")
             before = self.honest.answered()
             self.assert_answering(before, "connections at the cap")
             self.assert_rss(self.base_rss + (cap + 20) * CONN_COST + SLACK, "connection cap")
@@ -580,7 +639,7 @@ def main() -> None:
         "CTL_HOSTILE_LONG")), help="each attack ten times larger (also CTL_HOSTILE_LONG=1)")
     OPTS, rest = ap.parse_known_args()
     if OPTS.long:
-        HostileTest.scale = 10
+        UnitUnderAttack.scale = 10
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 
