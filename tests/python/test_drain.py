@@ -148,14 +148,16 @@ def child():
 
 
 def child_waits():
-    """A unit whose main thread waits for SIGTERM in a wait without a timeout, as programs do:
-    the runtime's threads block signals, so the signal comes to the main thread."""
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    """A unit whose main thread waits for SIGTERM in signal.sigwait, as unit.py does. The
+    signal is blocked in the main thread only once the runtime's threads are running (they
+    inherit no mask from it), so the wait ends only if every one of them blocks it: a thread
+    that did not would take the signal itself, and the wait would never end."""
     server = ctlrpc.Server({"echo": lambda a: a}, "tcp://127.0.0.1:0")
     client = ctlrpc.Client()  # its janitor thread too
+    client.call(server.endpoint, "echo", {})  # and its context's threads
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     print(server.endpoint, flush=True)
-    done.wait()
+    signal.sigwait({signal.SIGTERM})
     client.close()
     server.close()
 
@@ -163,8 +165,8 @@ def child_waits():
 class Sigterm(unittest.TestCase):
 
     def test_signal_reaches_a_main_thread_that_waits(self):
-        """SIGCONT then SIGTERM (what a supervisor that froze a unit sends): the main thread's
-        handler runs, whichever thread the kernel hands the signal to."""
+        """SIGCONT then SIGTERM (what a supervisor that froze a unit sends): the main thread
+        takes it, because no thread of the runtime's (nor of libzmq's) can."""
         for _ in range(8):
             unit = support.Process([sys.executable, os.path.abspath(__file__), "--child-waits"])
             unit.freeze()
