@@ -78,6 +78,9 @@
 /* fds of one ZeroMQ context with its threads running (the I/O and reaper
  * threads' pollers and mailboxes, the context's own), with room to spare. */
 #define CTX_FDS 8
+/* fds of one pooled client socket: the DEALER's mailbox and its connection,
+ * and its monitor (libzmq's end and the client's reader, a mailbox each). */
+#define CLIENT_SOCKET_FDS 4
 
 static struct {
     const char *unit_bin;
@@ -769,14 +772,15 @@ static int judge_samples(void)
                 fds_max = samples[i].fds[p];
         }
         /* The most a process can hold without leaking: per client and
-         * unit at most min(threads per client, 16 idle) sockets, each two
-         * fds on the client side (its mailbox, its connection) and one on
-         * the unit's, plus what each client's ZeroMQ context holds. */
+         * unit at most min(threads per client, 16 idle) sockets, each
+         * CLIENT_SOCKET_FDS on the client side and one on the unit's, plus
+         * what each client's ZeroMQ context holds. */
         int per_pair = (cfg.threads + cfg.clients - 1) / cfg.clients;
         if (per_pair > 16)
             per_pair = 16;
-        int bound = f_first + 8 + (p == 0 ? cfg.clients * (CTX_FDS + 2 * cfg.units * per_pair)
-                                          : cfg.clients * per_pair);
+        int bound = f_first + 8 +
+                    (p == 0 ? cfg.clients * (CTX_FDS + CLIENT_SOCKET_FDS * cfg.units * per_pair)
+                            : cfg.clients * per_pair);
         bool fds_ok = f_end <= f_warm + FD_SLACK || f_end <= bound;
         bool rss_ok = UP_SANITIZED || r_end <= r_warm + r_warm / 10 + 16 * 1024;
         printf("%-8s fds: start %d, after warm-up %d..%d (bound %d), max 2nd "
