@@ -7,8 +7,9 @@
  *                             one (and says so at --log-level info): 2000
  *                             clients connecting at once are all answered,
  *                             and no accept failed
- *   test_nofile_accept_failed a unit whose hard limit is low too (256)
- *                             cannot accept them all: it logs the failure
+ *   test_nofile_accept_failed a unit whose hard limit is low too (256),
+ *                             with no connection cap (--max-connections
+ *                             0), cannot accept them all: it logs the failure
  *                             with its errno at the default level, once a
  *                             second at most, and counts it (_stats)
  *
@@ -64,9 +65,11 @@ typedef struct unit {
     char endpoint[256];
 } unit;
 
-/* Start ctl-storage-unit with RLIMIT_NOFILE {soft, hard}, its stderr in a
+/* Start ctl-storage-unit with RLIMIT_NOFILE {soft, hard} and
+ * --max-connections `max_conns` (NULL: the unit's default), its stderr in a
  * file, and read the endpoint it prints. */
-static int unit_start(unit *u, rlim_t soft, rlim_t hard, const char *level)
+static int unit_start(unit *u, rlim_t soft, rlim_t hard, const char *level,
+                      const char *max_conns)
 {
     int p[2];
     snprintf(u->err_path, sizeof u->err_path, "/tmp/ctl-nofile.XXXXXX");
@@ -82,7 +85,7 @@ static int unit_start(unit *u, rlim_t soft, rlim_t hard, const char *level)
             dup2(p[1], STDOUT_FILENO) < 0 || dup2(err_fd, STDERR_FILENO) < 0)
             _exit(127);
         const char *argv[] = {UNIT_BIN, "--bind", "tcp://127.0.0.1:0", "--log-level", level,
-                              NULL};
+                              max_conns ? "--max-connections" : NULL, max_conns, NULL};
         execv(UNIT_BIN, (char *const *)argv);
         _exit(127);
     }
@@ -262,7 +265,7 @@ static int test_nofile_raised(void)
     struct rlimit rl;
     getrlimit(RLIMIT_NOFILE, &rl);
     unit u;
-    CHECK(unit_start(&u, 1024, rl.rlim_max, "info") == 0, "cannot start %s", UNIT_BIN);
+    CHECK(unit_start(&u, 1024, rl.rlim_max, "info", NULL) == 0, "cannot start %s", UNIT_BIN);
     if (failures)
         return 1;
     void *ctx = crowd_ctx(CROWD);
@@ -294,7 +297,10 @@ static int test_nofile_raised(void)
 static int test_nofile_accept_failed(void)
 {
     unit u;
-    CHECK(unit_start(&u, SMALL_HARD, SMALL_HARD, "warn") == 0, "cannot start %s", UNIT_BIN);
+    /* No connection cap: the default one (the limit less a quarter) would
+     * refuse the crowd's excess before the unit ran out of descriptors. */
+    CHECK(unit_start(&u, SMALL_HARD, SMALL_HARD, "warn", "0") == 0, "cannot start %s",
+          UNIT_BIN);
     if (failures)
         return 1;
     void *ctx = crowd_ctx(SMALL_CROWD);
