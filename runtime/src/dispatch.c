@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bigbuf_int.h"
 #include "ctlrpc/gen.h"
 #include "ctlrpc/log.h"
 #include "envelope_int.h"
@@ -320,7 +321,7 @@ static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
 {
     msgpack_packer pk;
     msgpack_sbuffer_clear(&d->out);
-    msgpack_packer_init(&pk, &d->out, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, &d->out, ctl_sbuffer_write);
     if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
         ctl_env_pack_error(&pk, err) != 0)
         msgpack_sbuffer_clear(&d->out);
@@ -336,7 +337,7 @@ static int bounded_write(void *data, const char *buf, size_t len)
         d->reply_too_big = true;
         return -1;
     }
-    return msgpack_sbuffer_write(&d->out, buf, len);
+    return ctl_sbuffer_write(&d->out, buf, len);
 }
 
 /* The name of the kind `err` holds if the op's descriptor does not list
@@ -461,7 +462,7 @@ static ctl_verdict serve_builtin(ctl_dispatch *d, size_t which, const ctl_env_re
         v = refuse(d, rq->id, "describe is turned off on this unit");
     } else {
         msgpack_packer pk;
-        msgpack_packer_init(&pk, &d->out, msgpack_sbuffer_write);
+        msgpack_packer_init(&pk, &d->out, ctl_sbuffer_write);
         if (ctl_env_pack_reply_head(&pk, rq->id, true) == 0 &&
             ctl_builtin_pack(d, which, &pk) == 0)
             return verdict(d);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigbuf_int.h"
 #include "util_int.h"
 
 /* ---- requests out ------------------------------------------------------ */
@@ -17,7 +18,7 @@ void ctl_frame_begin(ctl_frame *f, ctl_str op, size_t id_len)
 {
     msgpack_packer pk;
     msgpack_sbuffer_init(&f->sb);
-    msgpack_packer_init(&pk, &f->sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, &f->sb, ctl_sbuffer_write);
     f->id_len = id_len;
     f->failed = msgpack_pack_array(&pk, 3) || ctl_pack_str(&pk, op) ||
                 msgpack_pack_str(&pk, id_len);
@@ -26,14 +27,14 @@ void ctl_frame_begin(ctl_frame *f, ctl_str op, size_t id_len)
     static const char room[64];
     for (size_t left = id_len; left && !f->failed;) {
         size_t n = left < sizeof room ? left : sizeof room;
-        f->failed = msgpack_sbuffer_write(&f->sb, room, n) != 0;
+        f->failed = ctl_sbuffer_write(&f->sb, room, n) != 0;
         left -= n;
     }
 }
 
 void ctl_frame_packer(ctl_frame *f, msgpack_packer *pk)
 {
-    msgpack_packer_init(pk, &f->sb, msgpack_sbuffer_write);
+    msgpack_packer_init(pk, &f->sb, ctl_sbuffer_write);
 }
 
 void ctl_frame_packed(ctl_frame *f, int rc)
@@ -50,7 +51,7 @@ void ctl_frame_args(ctl_frame *f, const void *args, size_t args_len)
         args_len = 1;
     }
     if (!f->failed)
-        f->failed = msgpack_sbuffer_write(&f->sb, args, args_len) != 0;
+        f->failed = ctl_sbuffer_write(&f->sb, args, args_len) != 0;
 }
 
 void ctl_frame_set_id(ctl_frame *f, ctl_str id)
@@ -82,15 +83,16 @@ int ctl_env_id_deadline(ctl_str id, int64_t *deadline_ms)
     return 1;
 }
 
-char *ctl_frame_take(ctl_frame *f, size_t *size)
+char *ctl_frame_take(ctl_frame *f, size_t *size, size_t *cap)
 {
     *size = f->sb.size;
+    *cap = f->sb.alloc;
     return msgpack_sbuffer_release(&f->sb);
 }
 
 void ctl_frame_fini(ctl_frame *f)
 {
-    msgpack_sbuffer_destroy(&f->sb);
+    ctl_bigbuf_give(f->sb.data, f->sb.alloc);
     msgpack_sbuffer_init(&f->sb);
 }
 

@@ -79,7 +79,7 @@ void ctl_frame_set_id(ctl_frame *f, ctl_str id);
 
 /* Take the packed bytes (malloc'd; the caller frees them, or hands them to
  * ZeroMQ) and their size; the frame is left empty. */
-char *ctl_frame_take(ctl_frame *f, size_t *size);
+char *ctl_frame_take(ctl_frame *f, size_t *size, size_t *cap);
 
 /* Release a frame that was not taken. Safe to call twice. */
 void ctl_frame_fini(ctl_frame *f);

@@ -16,6 +16,8 @@
 
 #include <zmq.h>
 
+#include "bigbuf_int.h"
+
 #define LEDGER_BUCKETS 256
 
 typedef struct ledger_entry {
@@ -37,6 +39,7 @@ typedef struct ledger_charge {
     ctl_ledger *l;
     ledger_entry *e;
     size_t size;
+    size_t cap; /* the buffer's, for the kept large buffers */
 } ledger_charge;
 
 ctl_ledger *ctl_ledger_new(void)
@@ -102,7 +105,7 @@ static void release_charge(void *data, void *hint)
 {
     ledger_charge *c = hint;
     ctl_ledger *l = c->l;
-    free(data);
+    ctl_bigbuf_give(data, c->cap);
     pthread_mutex_lock(&l->mu);
     ledger_entry *e = c->e;
     e->bytes -= c->size;
@@ -116,11 +119,11 @@ static void release_charge(void *data, void *hint)
 }
 
 int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, char *data,
-                    size_t size, int flags)
+                    size_t size, size_t cap, int flags)
 {
     ledger_charge *c = malloc(sizeof *c);
     if (!c) {
-        free(data);
+        ctl_bigbuf_give(data, cap);
         errno = ENOMEM;
         return -1;
     }
@@ -135,14 +138,14 @@ int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, ch
     if (!e) {
         pthread_mutex_unlock(&l->mu);
         free(c);
-        free(data);
+        ctl_bigbuf_give(data, cap);
         errno = ENOMEM;
         return -1;
     }
     e->bytes += size;
     e->replies++;
     l->refs++;
-    *c = (ledger_charge){l, e, size};
+    *c = (ledger_charge){l, e, size, cap};
     pthread_mutex_unlock(&l->mu);
 
     zmq_msg_t m;

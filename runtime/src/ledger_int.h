@@ -39,12 +39,13 @@ void ctl_ledger_release(ctl_ledger *l);
 size_t ctl_ledger_unread(ctl_ledger *l, const void *id, size_t id_len);
 
 /*
- * Send `data` (malloc'd, `size` bytes; ownership passes in every case) as
- * the last frame of a message on `sock` without a copy, charged to `id`
- * until ZeroMQ frees it. Returns 0, or -1 (zmq_errno() says why; the
- * buffer is freed and nothing stays charged).
+ * Send `data` (malloc'd, `size` bytes of a buffer of `cap`; ownership
+ * passes in every case) as the last frame of a message on `sock` without a
+ * copy, charged to `id` until ZeroMQ is done with it (then it goes back to
+ * the kept large buffers, bigbuf_int.h, or is freed). Returns 0, or -1
+ * (zmq_errno() says why; the buffer is let go and nothing stays charged).
  */
 int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, char *data,
-                    size_t size, int flags);
+                    size_t size, size_t cap, int flags);
 
 #endif

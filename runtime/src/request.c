@@ -198,9 +198,9 @@ int ctl_rq_send(ctl_client *c, ctl_rq *p)
         ctl_client_new_id(c, p->deadline_wall_ms, p->id);
         ctl_frame_set_id(req, (ctl_str){p->id, CTL_ID_LEN});
     }
-    size_t size;
-    char *data = ctl_frame_take(req, &size);
-    if (ctl_send_prepare(&p->out, data, size) != 0) {
+    size_t size, cap;
+    char *data = ctl_frame_take(req, &size, &cap);
+    if (ctl_send_prepare(&p->out, data, size, cap) != 0) {
         ctl_error_transfer(err, CTL_CAUSE_NOMEM, "%s at %s: out of memory",
                            p->op, p->address);
         ctl_pool_retire(c->pool, p->conn);

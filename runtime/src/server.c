@@ -178,9 +178,9 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
         ok = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
     if (ok) {
         if (out->size >= ZERO_COPY_MIN) {
-            size_t size = out->size;
+            size_t size = out->size, cap = out->alloc;
             ok = ctl_ledger_send(s->ledger, id, id_len, s->router,
-                                 msgpack_sbuffer_release(out), size, ZMQ_DONTWAIT) == 0;
+                                 msgpack_sbuffer_release(out), size, cap, ZMQ_DONTWAIT) == 0;
         } else {
             ok = zmq_send(s->router, out->data, out->size, ZMQ_DONTWAIT) >= 0;
         }

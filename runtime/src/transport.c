@@ -3,7 +3,10 @@
  */
 #include "transport_int.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+
+#include "bigbuf_int.h"
 
 int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags)
 {
@@ -33,25 +36,19 @@ void ctl_frames_close(zmq_msg_t *frames, int n)
         zmq_msg_close(&frames[i]);
 }
 
-static void free_buffer(void *data, void *hint)
+int ctl_send_prepare(zmq_msg_t *m, char *data, size_t size, size_t cap)
 {
-    (void)hint;
-    free(data);
-}
-
-int ctl_send_prepare(zmq_msg_t *m, char *data, size_t size)
-{
-    if (zmq_msg_init_data(m, data, size, free_buffer, NULL) != 0) {
-        free(data);
+    if (zmq_msg_init_data(m, data, size, ctl_bigbuf_free, (void *)(uintptr_t)cap) != 0) {
+        ctl_bigbuf_give(data, cap);
         return -1;
     }
     return 0;
 }
 
-int ctl_send_owned(void *sock, char *data, size_t size, int flags)
+int ctl_send_owned(void *sock, char *data, size_t size, size_t cap, int flags)
 {
     zmq_msg_t m;
-    if (ctl_send_prepare(&m, data, size) != 0)
+    if (ctl_send_prepare(&m, data, size, cap) != 0)
         return -1;
     if (zmq_msg_send(&m, sock, flags) < 0) {
         zmq_msg_close(&m);

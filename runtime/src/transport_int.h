@@ -26,16 +26,17 @@ int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags);
 void ctl_frames_close(zmq_msg_t *frames, int n);
 
 /*
- * Send `data` (malloc'd, `size` bytes) as one frame without copying it:
- * ZeroMQ frees it once sent. `data` is taken over in every case. Returns 0,
- * or -1 with zmq_errno() set (the buffer is already freed, or kept in `m`
- * for a retry: see ctl_send_prepare).
+ * Send `data` (malloc'd, `size` bytes of a buffer of `cap`) as one frame
+ * without copying it: once ZeroMQ is done with it, it goes back to the
+ * kept large buffers (bigbuf_int.h) or is freed. `data` is taken over in
+ * every case. Returns 0, or -1 with zmq_errno() set (the buffer is already
+ * let go, or kept in `m` for a retry: see ctl_send_prepare).
  */
-int ctl_send_owned(void *sock, char *data, size_t size, int flags);
+int ctl_send_owned(void *sock, char *data, size_t size, size_t cap, int flags);
 
 /* The same in two steps, for callers that retry a send: wrap `data` in
- * `m` (0, or -1 with `data` freed), then zmq_msg_send(m) until it leaves
+ * `m` (0, or -1 with `data` let go), then zmq_msg_send(m) until it leaves
  * (and zmq_msg_close(m) if it never does). */
-int ctl_send_prepare(zmq_msg_t *m, char *data, size_t size);
+int ctl_send_prepare(zmq_msg_t *m, char *data, size_t size, size_t cap);
 
 #endif /* CTLRPC_TRANSPORT_INT_H */

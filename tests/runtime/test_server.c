@@ -568,6 +568,41 @@ static void test_unread_replies_bound(void **state)
     tu_unit_stop(&u);
 }
 
+/* Large requests and replies, one after another, through buffers the
+ * runtime keeps between calls: each reply carries its own request's
+ * bytes, never a kept buffer's earlier ones. */
+static void test_large_payloads_in_kept_buffers(void **state)
+{
+    fx *f = *state;
+    enum { SIZE = 20 << 20 };
+    char *blob = malloc(SIZE);
+    assert_non_null(blob);
+    ctl_client *c = NULL;
+    assert_int_equal(ctl_client_new(NULL, &c, &f->err), 0);
+    for (int round = 0; round < 4; round++) {
+        memset(blob, 'a' + round, SIZE);
+        blob[round] = 'x';
+        tu_buf_reset(&f->args);
+        msgpack_pack_map(&f->args.pk, 2);
+        tu_pk_str(&f->args.pk, "field");
+        tu_pk_str(&f->args.pk, "v");
+        tu_pk_str(&f->args.pk, "v");
+        msgpack_pack_bin(&f->args.pk, SIZE);
+        msgpack_pack_bin_body(&f->args.pk, blob, SIZE);
+        ctl_reply *reply = NULL;
+        assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", f->args.sb.data,
+                                         f->args.sb.size, 30000, &reply, &f->err),
+                         0);
+        const msgpack_object *r = ctl_reply_result(reply);
+        assert_int_equal(r->type, MSGPACK_OBJECT_BIN);
+        assert_int_equal(r->via.bin.size, SIZE);
+        assert_memory_equal(r->via.bin.ptr, blob, SIZE);
+        ctl_reply_destroy(&reply);
+    }
+    ctl_client_destroy(&c);
+    free(blob);
+}
+
 /* ---- notify ops ------------------------------------------------------------------ */
 
 static void test_notify_sends_nothing(void **state)
@@ -1060,6 +1095,7 @@ int main(void)
         T(test_results_nil_and_arena),
         T(test_reply_bound),
         T(test_unread_replies_bound),
+        T(test_large_payloads_in_kept_buffers),
         T(test_notify_sends_nothing),
         T(test_failing_notify_sends_nothing),
         T(test_handlers_run_under_the_lock),

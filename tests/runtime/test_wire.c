@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "bigbuf_int.h"
 #include "envelope_int.h"
 
 /* Append [op, id, args] to `sb` with the runtime's one request framer. */
@@ -34,7 +35,8 @@ static int pack_request(msgpack_sbuffer *sb, ctl_str op, ctl_str id,
         ctl_frame_fini(&fr);
         return -1;
     }
-    char *bytes = ctl_frame_take(&fr, &size);
+    size_t cap;
+    char *bytes = ctl_frame_take(&fr, &size, &cap);
     int rc = msgpack_sbuffer_write(sb, bytes, size);
     free(bytes);
     return rc ? -1 : 0;
@@ -1061,6 +1063,45 @@ static void test_pack_helpers(void **state)
     assert_memory_equal(f->buf.sb.data, want, sizeof want);
 }
 
+/* The large buffers kept between calls: only ones of CTL_BIGBUF_MIN and
+ * more, at most CTL_BIGBUF_KEEP, the smallest making way for a larger one;
+ * a take gets the smallest that is large enough. A sbuffer growing past
+ * CTL_BIGBUF_MIN moves into a kept one, its bytes with it. */
+static void test_bigbuf_keeps_the_largest_few(void **state)
+{
+    (void)state;
+    size_t cap = 0, big = CTL_BIGBUF_MIN;
+    assert_null(ctl_bigbuf_take(1, &cap)); /* nothing kept yet */
+    ctl_bigbuf_give(malloc(1024), 1024);   /* too small: freed */
+    assert_null(ctl_bigbuf_take(1, &cap));
+    char *a = malloc(big), *b = malloc(2 * big), *c = malloc(3 * big);
+    assert_true(a && b && c);
+    ctl_bigbuf_give(a, big);
+    ctl_bigbuf_give(b, 2 * big);
+    ctl_bigbuf_give(c, 3 * big); /* full: the smallest (a) makes way */
+    assert_ptr_equal(ctl_bigbuf_take(big, &cap), b);
+    assert_int_equal(cap, 2 * big);
+    assert_null(ctl_bigbuf_take(3 * big + 1, &cap)); /* none large enough */
+    ctl_bigbuf_give(b, 2 * big);
+    /* A sbuffer written past the threshold lands in the smallest fit. */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(ctl_sbuffer_write(&sb, "head", 4), 0);
+    char *payload = malloc(big);
+    assert_non_null(payload);
+    memset(payload, 'p', big);
+    assert_int_equal(ctl_sbuffer_write(&sb, payload, big), 0);
+    assert_ptr_equal(sb.data, b);
+    assert_int_equal(sb.alloc, 2 * big);
+    assert_memory_equal(sb.data, "head", 4);
+    assert_memory_equal(sb.data + 4, payload, big);
+    free(payload);
+    ctl_bigbuf_give(msgpack_sbuffer_release(&sb), 2 * big);
+    /* Leave nothing kept for the tests that follow. */
+    for (char *d; (d = ctl_bigbuf_take(1, &cap)) != NULL;)
+        free(d);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1078,6 +1119,7 @@ int main(void)
         T(test_check_max_items),
         cmocka_unit_test(test_check_default_max_items),
         cmocka_unit_test(test_check_random_bytes_never_overread),
+        cmocka_unit_test(test_bigbuf_keeps_the_largest_few),
         T(test_request_roundtrip),
         T(test_request_empty_id),
         T(test_request_id_with_nul_bytes),
