@@ -394,19 +394,19 @@ class TestCommands(CliCase):
         import msgpack
         import zmq
         ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
         try:
-            s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(u.address)
             for i, k in enumerate(keys):
                 s.send(msgpack.packb(["put", "%012x" % i, {"key": k, "data": b""}],
                                      use_bin_type=True))
-            for _ in keys:
-                self.assertTrue(s.poll(10000), "no reply to a put")
+            for n in range(len(keys)):
+                self.assertTrue(s.poll(10000), "no reply to put %d of %d" % (n + 1, len(keys)))
                 reply = msgpack.unpackb(s.recv(), raw=False)
                 self.assertTrue(reply[1], reply)
-            s.close()
         finally:
+            s.close()  # before term(), which waits for every socket: a failure ends, not hangs
             ctx.term()
 
     def test_list_pages_through(self):
