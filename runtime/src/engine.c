@@ -75,7 +75,13 @@ struct ctl_engine {
     ctl_call *ended;           /* ended in this pass, to deliver after it */
     int64_t next_check_ms;
     int64_t next_upkeep_ms;
+    int resubmitted;           /* a callback on this thread submitted */
 };
+
+/* The engine whose I/O thread this is: a call submitted there (by a
+ * callback run on the I/O thread) needs no wake-up, because the thread
+ * looks at its submissions again before it sleeps. */
+static _Thread_local ctl_engine *io_engine;
 
 /* ---- the timer heap (I/O thread only) --------------------------------- */
 
@@ -316,7 +322,10 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     else
         e->sub_head = call;
     e->sub_tail = call;
-    wake(e);
+    if (io_engine == e)
+        e->resubmitted = 1;
+    else
+        wake(e);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }
@@ -453,10 +462,18 @@ int ctl_engine_process(ctl_engine *e, int max)
 {
     int n = 0;
     while (max <= 0 || n < max) {
+        /* Take what is queued (up to what `max` leaves) in one hold of
+         * the mutex, then run it without. */
         pthread_mutex_lock(&e->mu);
-        ctl_call *call = e->done_head;
-        if (call) {
-            e->done_head = call->next;
+        ctl_call *batch = e->done_head, *last = NULL;
+        int k = 0;
+        for (ctl_call *c = batch; c && (max <= 0 || n + k < max); c = c->next) {
+            last = c;
+            k++;
+        }
+        if (last) {
+            e->done_head = last->next;
+            last->next = NULL;
             if (!e->done_head) {
                 e->done_tail = NULL;
                 uint64_t v;
@@ -465,14 +482,18 @@ int ctl_engine_process(ctl_engine *e, int max)
             }
         }
         pthread_mutex_unlock(&e->mu);
-        if (!call)
+        if (!last)
             break;
-        call->next = NULL;
-        run_callback(call);
-        atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
-                              memory_order_release);
-        call_unref(call);
-        n++;
+        while (batch) {
+            ctl_call *call = batch;
+            batch = call->next;
+            call->next = NULL;
+            run_callback(call);
+            atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
+                                  memory_order_release);
+            call_unref(call);
+            n++;
+        }
     }
     return n;
 }
@@ -758,7 +779,9 @@ static void *io_thread(void *arg)
     int64_t now = ctl_now_ms();
     e->next_check_ms = now + CHECK_SLICE_MS;
     e->next_upkeep_ms = now + UPKEEP_MS;
+    io_engine = e;
     for (;;) {
+        e->resubmitted = 0;
         pthread_mutex_lock(&e->mu);
         ctl_call *subs = e->sub_head;
         e->sub_head = e->sub_tail = NULL;
@@ -795,7 +818,8 @@ static void *io_thread(void *arg)
         deliver_ended(e);
 
         now = ctl_now_ms();
-        int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT, wait_ms(e, now));
+        int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT,
+                           e->resubmitted ? 0 : wait_ms(e, now));
         for (int i = 0; i < n; i++) {
             ctl_rq *rq = evs[i].data.ptr;
             if (!rq) {
