@@ -673,6 +673,40 @@ class TestBounds(ServerCase):
         with self.assertRaises(ValueError):
             self.server.set_allowlist([apub])  # no allowlist to replace
 
+    def test_failed_handshakes_logged(self):
+        """A CURVE unit logs a client that does not hold its public key at warning (the C
+        unit's words) and counts it in handshake_failures; a plaintext client is counted too
+        (whether the unit or the client sees the mismatch first is a race, so its line may be
+        the unit's mechanism line or a debug line for a broken handshake)."""
+        if not ctlrpc.curve.available():
+            self.skipTest("no CURVE in this libzmq")
+        upub, usec = ctlrpc.curve.keypair()
+        opub, _ = ctlrpc.curve.keypair()
+        cpub, csec = ctlrpc.curve.keypair()
+        srv = self.serve(curve_secret=usec)
+        try:
+            with self.assertLogs("ctlrpc", level="WARNING") as logs:
+                with ctlrpc.Client(timeout=0.5, curve_server_key=opub, curve_secret=csec) as c:
+                    with self.assertRaises(ctlrpc.Transfer):
+                        c.call(srv.endpoint, "echo", {"v": 1})
+                support.wait_for(lambda: any("CURVE authentication failed" in line
+                                             for line in logs.output),
+                                 "the failed handshake logged", CALL_S)
+            self.assertIn(f"ctlrpc server {srv.endpoint}: refused a connection's handshake: "
+                          "CURVE authentication failed (the client does not hold this unit's "
+                          "public key?) (ZeroMQ protocol error 0x11000001)",
+                          "\n".join(logs.output))
+            support.wait_for(lambda: srv.stats()["handshake_failures"] >= 1,
+                             "the failed handshake counted", CALL_S)
+            before = srv.stats()["handshake_failures"]
+            with ctlrpc.Client(timeout=0.5) as c:
+                with self.assertRaises(ctlrpc.Transfer):
+                    c.call(srv.endpoint, "echo", {"v": 1})
+            support.wait_for(lambda: srv.stats()["handshake_failures"] > before,
+                             "the plaintext client's handshake counted", CALL_S)
+        finally:
+            srv.close()
+
 
 class TestWireUnits(unittest.TestCase):
     """The pieces the rest rely on, checked alone."""

@@ -112,6 +112,18 @@ MONITOR_POLL_MS = 100  # the monitor thread looks at its stop flag this often
 DRAIN_SLACK = 0.1  # drain() returns at most this long after its timeout
 
 
+def _handshake_why(code: int) -> Tuple[str, str]:
+    """The log limiter's kind and the words for a failed handshake's ZeroMQ protocol error
+    (the C unit's wording)."""
+    if code == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "hs-mechanism", ("the client's security mechanism is not the unit's (CURVE on "
+                                "one side only?)")
+    if code == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "hs-curve", ("CURVE authentication failed (the client does not hold this "
+                            "unit's public key?)")
+    return "hs-other", "a ZeroMQ protocol error"
+
+
 def lat_bucket(us: int) -> int:
     """The latency bucket of `us` microseconds: [0,1) [1,2) [2,3) [3,4), then each octave
     [2^e, 2^(e+1)) in four equal parts up to 2^33 us; the last bucket takes anything longer
@@ -1089,6 +1101,15 @@ class Server:
                 self._hs_failed += 1  # its disconnect comes next
                 if event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:  # the ZAP handler counted it
                     c["handshake_failures"] += 1
+                if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                    kind, why = _handshake_why(value)
+                    self._log_limited(kind, logging.WARNING, "ctlrpc server %s: refused a "
+                                      "connection's handshake: %s (ZeroMQ protocol error "
+                                      "0x%08x)", self.endpoint, why, value)
+                elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    # The client went away during its handshake (value: an errno).
+                    log.debug("ctlrpc server %s: a connection broke during its handshake: %s",
+                              self.endpoint, os.strerror(value))
         return False
 
     def _conn_opened(self, fd: int) -> None:
