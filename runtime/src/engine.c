@@ -6,9 +6,13 @@
  * the ZMQ_FD of every socket with a request in flight. ZMQ_FD says only
  * "look at this socket": after a wake-up, and after every send, the socket
  * is read without blocking until it has nothing more (ZeroMQ's documented
- * rule for that descriptor), so a reply is never left unseen. A socket is
- * in the epoll set exactly while its request is in flight; it leaves the
- * set before it goes back to the pool or is retired (request.c, finish).
+ * rule for that descriptor), so a reply is never left unseen. A socket
+ * joins the set (edge-triggered, data.ptr = its ctl_conn) the first time
+ * the engine lends it and stays while it idles in the pool, so a call on a
+ * warm socket costs no epoll_ctl; an event for a socket with no engine
+ * request on it (conn->engine_rq) is ignored. A blocking call that lends
+ * it takes it out; closing it takes it out for good, and the engine frees
+ * it between two waits (pool_int.h, ctl_pool_reap).
  *
  * The work per wake-up is proportional to what happened, not to what is in
  * flight: epoll returns the sockets that have something, deadlines sit in
@@ -569,9 +573,24 @@ static void drain(ctl_engine *e, ctl_rq *rq)
     ctl_client *c = e->client;
     if (rq->done)
         return;
-    if (ctl_rq_try_send(c, rq))
-        while (!rq->done && ctl_rq_recv(c, rq, ZMQ_DONTWAIT) == 0)
-            ;
+    for (int tries = 0; tries < 2; tries++) {
+        if (ctl_rq_try_send(c, rq)) {
+            /* A receive that finds nothing has processed the socket's
+             * commands, so its next one signals again. */
+            while (!rq->done && ctl_rq_recv(c, rq, ZMQ_DONTWAIT) == 0)
+                ;
+            break;
+        }
+        /* Still no connection. A send may leave the socket's commands
+         * unprocessed (ZeroMQ throttles that), and the set is
+         * edge-triggered: ZMQ_EVENTS processes them, and says whether the
+         * connection came up meanwhile. */
+        int events = 0;
+        size_t len = sizeof events;
+        if (zmq_getsockopt(rq->conn->sock, ZMQ_EVENTS, &events, &len) != 0 ||
+            !(events & ZMQ_POLLOUT))
+            break;
+    }
     if (rq->done)
         rq_ended(e, rq);
 }
@@ -589,15 +608,16 @@ static void watch(ctl_engine *e, ctl_rq *rq, int rc)
             rq->timer.is_rq = 1;
             rq->attempt_timer = heap_push(e, &rq->timer) == 0;
         }
-        int fd = ctl_pool_conn_fd(rq->conn);
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = rq};
-        if (fd < 0 || epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        if (ctl_pool_watch(e->client->pool, rq->conn) != 0) {
             ctl_rq_fail(e->client, rq, CTL_CAUSE_TRANSPORT,
                         "cannot watch the socket (epoll)");
         } else {
-            rq->watch_epfd = e->epfd;
+            rq->watched = 1;
+            rq->conn->engine_rq = rq;
             /* The send may have taken the socket's signal: look now, as
-             * after a wake-up (drain ends the attempt if it is done). */
+             * after a wake-up (drain ends the attempt if it is done). The
+             * set is edge-triggered, so the socket is read until it has
+             * nothing more before the thread waits again. */
             drain(e, rq);
             return;
         }
@@ -782,6 +802,8 @@ static void *io_thread(void *arg)
     io_engine = e;
     for (;;) {
         e->resubmitted = 0;
+        /* Between two waits: no event in hand can point at these. */
+        ctl_pool_reap(c->pool);
         pthread_mutex_lock(&e->mu);
         ctl_call *subs = e->sub_head;
         e->sub_head = e->sub_tail = NULL;
@@ -821,14 +843,15 @@ static void *io_thread(void *arg)
         int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT,
                            e->resubmitted ? 0 : wait_ms(e, now));
         for (int i = 0; i < n; i++) {
-            ctl_rq *rq = evs[i].data.ptr;
-            if (!rq) {
+            ctl_conn *conn = evs[i].data.ptr;
+            if (!conn) {
                 uint64_t v;
                 ssize_t r = read(e->wake_fd, &v, sizeof v);
                 (void)r;
                 continue;
             }
-            drain(e, rq);
+            if (conn->engine_rq) /* else idle, or lent to a blocking call */
+                drain(e, conn->engine_rq);
         }
         now = ctl_now_ms();
         expire_pass(e, now);
@@ -869,7 +892,9 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->cv, &ca);
     pthread_condattr_destroy(&ca);
+    ctl_pool_set_epfd(c->pool, e->epfd);
     if ((e_no = pthread_create(&e->thread, NULL, io_thread, e)) != 0) {
+        ctl_pool_set_epfd(c->pool, -1);
         pthread_cond_destroy(&e->cv);
         pthread_mutex_destroy(&e->mu);
         goto fail;
@@ -904,6 +929,9 @@ void ctl_engine_destroy(ctl_engine **engine)
      * refuses once stopping is set) and completions still queued. */
     ctl_engine_process(e, 0);
     free(e->heap);
+    /* The pooled sockets leave a set that is going (closing them later
+     * takes nothing out of it). */
+    ctl_pool_set_epfd(e->client->pool, -1);
     close(e->epfd);
     close(e->wake_fd);
     close(e->ready_fd);

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include <zmq.h>
 
@@ -101,6 +102,8 @@ struct ctl_pool {
     unsigned ring_head, ring_len;
     size_t n_entries;
     ctl_pool_counters counters;
+    _Atomic int epfd;               /* the engine's epoll set, or -1 */
+    ctl_conn *_Atomic graveyard;    /* closed, to be freed by the engine */
 };
 
 static uint32_t hash(const char *s)
@@ -126,6 +129,8 @@ ctl_pool *ctl_pool_new(void *ctx, const ctl_pool_options *opts)
         return NULL;
     }
     pthread_mutex_init(&p->mu, NULL);
+    atomic_init(&p->epfd, -1);
+    atomic_init(&p->graveyard, NULL);
     return p;
 }
 
@@ -138,12 +143,61 @@ static void close_conn(ctl_pool *p, ctl_conn *c, int linger_ms)
         zmq_socket_monitor(c->sock, NULL, 0);
         zmq_close(c->mon); /* linger 0: its queued events go with it */
     }
+    ctl_pool_unwatch(p, c);
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
     zmq_close(c->sock);
     atomic_fetch_sub_explicit(&c->addr->sockets, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->counters.sockets_closed, 1,
                               memory_order_relaxed);
-    free(c);
+    if (!c->watched_ever) {
+        free(c);
+        return;
+    }
+    /* The engine may hold an event for it from its last epoll_wait: it is
+     * freed by the engine, between two waits (ctl_pool_reap). */
+    c->grave_next = atomic_load_explicit(&p->graveyard, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&p->graveyard, &c->grave_next, c,
+                                                  memory_order_release,
+                                                  memory_order_relaxed))
+        ;
+}
+
+void ctl_pool_set_epfd(ctl_pool *p, int epfd)
+{
+    atomic_store_explicit(&p->epfd, epfd, memory_order_release);
+}
+
+int ctl_pool_watch(ctl_pool *p, ctl_conn *c)
+{
+    if (c->watched)
+        return 0;
+    int epfd = atomic_load_explicit(&p->epfd, memory_order_acquire);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = c};
+    if (epfd < 0 || c->fd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+        return -1;
+    c->watched = 1;
+    c->watched_ever = 1;
+    return 0;
+}
+
+void ctl_pool_unwatch(ctl_pool *p, ctl_conn *c)
+{
+    if (!c->watched)
+        return;
+    int epfd = atomic_load_explicit(&p->epfd, memory_order_acquire);
+    if (epfd >= 0)
+        epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    c->watched = 0;
+}
+
+void ctl_pool_reap(ctl_pool *p)
+{
+    ctl_conn *c = atomic_exchange_explicit(&p->graveyard, NULL, memory_order_acquire);
+    while (c) {
+        ctl_conn *next = c->grave_next;
+        free(c);
+        c = next;
+    }
 }
 
 static void drain_monitor(ctl_conn *c);
@@ -784,6 +838,7 @@ void ctl_pool_destroy(ctl_pool **pool)
             e = next;
         }
     }
+    ctl_pool_reap(p); /* the engine has stopped */
     pthread_mutex_destroy(&p->mu);
     free(p->ring);
     free(p);

@@ -92,6 +92,15 @@ typedef struct ctl_conn {
                        stack): a send that finds no connection on it means
                        the connection dropped since */
     ctl_conn_state st;
+    /* The engine's epoll set (ctl_pool_set_epfd). A connection joins it the
+     * first time the engine lends it and stays in it while it idles in the
+     * pool, so an asynchronous call on a warm connection costs no epoll_ctl;
+     * a blocking call takes it out (ctl_pool_unwatch), and closing it takes
+     * it out for good. */
+    int watched;        /* in the set now */
+    int watched_ever;   /* has been: only the engine's thread frees it */
+    void *engine_rq;    /* the engine's request on it now (engine only) */
+    struct ctl_conn *grave_next;
 } ctl_conn;
 
 /* What ctl_conn_check found. */
@@ -144,6 +153,20 @@ void ctl_pool_upkeep(ctl_pool *pool, int64_t now_ms);
 
 /* The DEALER's ZMQ_FD, for the I/O thread's epoll set; -1 if unknown. */
 int ctl_pool_conn_fd(const ctl_conn *conn);
+
+/* The engine's epoll set, or -1 once it is gone (set by the engine when it
+ * starts and before it closes the set). */
+void ctl_pool_set_epfd(ctl_pool *pool, int epfd);
+/* Put a lent connection in the engine's set, if it is not there yet
+ * (edge-triggered, data.ptr = conn). Returns 0, or -1 (errno set). */
+int ctl_pool_watch(ctl_pool *pool, ctl_conn *conn);
+/* Take a lent connection out of the engine's set (a blocking call lent it:
+ * its socket's signals are none of the engine's business). */
+void ctl_pool_unwatch(ctl_pool *pool, ctl_conn *conn);
+/* Free the connections closed since the last call that had been in the
+ * engine's set: the engine's thread calls this between two epoll_waits, so
+ * an event it already holds never points at freed memory. */
+void ctl_pool_reap(ctl_pool *pool);
 
 /* Read the monitor events that have arrived for `conn` (never blocks) and
  * say whether its connection can still carry a call. `now_ms` is the

@@ -133,7 +133,6 @@ void ctl_rq_init(ctl_rq *rq, const char *address, const char *op,
     rq->address = address;
     rq->op = op;
     rq->timeout_ms = timeout_ms;
-    rq->watch_epfd = -1;
     rq->reply = reply;
     rq->err = err;
     rq->req = req;
@@ -147,6 +146,8 @@ void ctl_rq_init(ctl_rq *rq, const char *address, const char *op,
  * for the old one's reconnect (the transparent retry). */
 static int launch(ctl_client *c, ctl_rq *p)
 {
+    if (!p->owner) /* a blocking call: the engine has no business with it */
+        ctl_pool_unwatch(c->pool, p->conn);
     p->attempts++;
     p->left = 0;
     ctl_pool_count_attempt(p->addr);
@@ -234,7 +235,7 @@ int ctl_rq_resend(ctl_client *c, ctl_rq *p)
     }
     p->done = 0;
     p->dirty = 0;
-    p->watch_epfd = -1;
+    p->watched = 0;
     p->timeout_ms = left;
     ctl_error_clear(err);
     if (!(p->conn = ctl_pool_lend(c->pool, p->address, err))) {
@@ -463,13 +464,11 @@ static void finish(ctl_client *c, ctl_rq *p, int clean)
         p->unsent = 0;
     }
     if (p->conn) {
-        if (p->watch_epfd >= 0) {
-            /* Out of the I/O thread's epoll set before anyone else may
-             * use or close the socket. */
-            int fd = ctl_pool_conn_fd(p->conn);
-            if (fd >= 0)
-                epoll_ctl(p->watch_epfd, EPOLL_CTL_DEL, fd, NULL);
-            p->watch_epfd = -1;
+        if (p->watched) {
+            /* The socket stays in the engine's epoll set (pool_int.h);
+             * its signals are no longer this request's. */
+            p->conn->engine_rq = NULL;
+            p->watched = 0;
         }
         if (clean && !p->dirty)
             ctl_pool_return(c->pool, p->conn);
