@@ -383,39 +383,14 @@ class Client(_Engine):
                         pass
             todo = []
             now = self._now()
-            live: List[_Pending] = []
-            backoff = math.inf
-            for p in ps:
-                if p.done:
-                    if not p.settled:
-                        self._settle(p, op, deadline)
-                        if not p.done:
-                            backoff = min(backoff, cast(float, p.retry_at))
-                    continue
-                if p.retry_at is not None:
-                    if now >= deadline:  # no time left for it: its last error stands
-                        p.retry_at = None
-                        p.done = p.settled = True
-                        continue
-                    if p.retry_at <= now:
-                        self._begin(p, op, deadline)
-                        todo.append(p)
-                    else:
-                        backoff = min(backoff, p.retry_at)
-                    continue
-                live.append(p)
+            live, backoff = self._pass(ps, op, deadline, now, todo)
             if todo:
                 continue  # look at the sockets of the attempts just begun
             if not live and backoff == math.inf:
                 return
             left = deadline - now
             if left <= 0:
-                for p in live:  # the deadline: whoever is left times out
-                    self._time_out(p, op, timeout_ms)
-                for p in ps:
-                    if p.retry_at is not None and not p.done:  # kept its last error
-                        p.retry_at = None
-                        p.done = p.settled = True
+                self._expire(ps, live, op, timeout_ms)
                 continue
             if not live:  # only backoffs to wait out
                 await self._retry_sleep(max(0.0, min(backoff, deadline) - self._now()))
@@ -424,11 +399,7 @@ class Client(_Engine):
                 continue  # settled (and maybe retried) at the top
             if now - checked >= CHECK_S:
                 checked = now
-                for p in live:
-                    if p.unsent:
-                        self._try_send(p, op)
-                    if not p.done:
-                        self._check(p, op)
+                self._check_all(live, op)
                 continue
             await w.sleep(max(0.0, min(left, CHECK_S - (now - checked), backoff - now,
                                        self._soonest(live, math.inf) - now)))

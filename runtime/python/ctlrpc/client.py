@@ -814,6 +814,57 @@ class _Engine:
                 ended = True
         return ended
 
+    def _pass(self, ps: List[_Pending], op: str, deadline: float, now: float,
+              begun: Optional[List[_Pending]] = None) -> Tuple[List[_Pending], float]:
+        """One pass over the requests of a call, the same for the blocking and the asyncio
+        client: settle those done (a retry the policy asks for waits out its backoff), begin
+        the attempts whose backoff is over (listed in `begun` when given: their sockets are
+        to be looked at), and end a backoff the deadline leaves no time for (its last error
+        stands). Returns the requests waiting for a reply, and when the soonest backoff ends
+        (inf: none)."""
+        live: List[_Pending] = []
+        backoff = math.inf
+        for p in ps:
+            if p.retry_at is not None and not p.done:
+                if now >= deadline:  # no time left for it: its last error stands
+                    p.retry_at = None
+                    p.done = p.settled = True
+                    continue
+                if p.retry_at > now:
+                    backoff = min(backoff, p.retry_at)
+                    continue
+                self._begin(p, op, deadline)
+                if begun is not None:
+                    begun.append(p)
+            if p.done:
+                if not p.settled:
+                    self._settle(p, op, deadline)
+                    if not p.done:
+                        backoff = min(backoff, cast(float, p.retry_at))
+                continue
+            live.append(p)
+        return live, backoff
+
+    def _expire(self, ps: List[_Pending], live: List[_Pending], op: str,
+                timeout_ms: int) -> None:
+        """The call's deadline has come: whoever still waits for a reply times out, and a
+        request waiting out a backoff keeps its last error."""
+        for p in live:
+            self._time_out(p, op, timeout_ms)
+        for p in ps:
+            if p.retry_at is not None and not p.done:
+                p.retry_at = None
+                p.done = p.settled = True
+
+    def _check_all(self, live: List[_Pending], op: str) -> None:
+        """Every 100 ms of waiting: send what can go now, and read the monitors of those that
+        wait (the fail-fast causes)."""
+        for p in live:
+            if p.unsent:
+                self._try_send(p, op)
+            if not p.done:
+                self._check(p, op)
+
     @staticmethod
     def _soonest(live: List[_Pending], until: float) -> float:
         """`until`, or the soonest attempt limit of `live` before it."""
@@ -1239,41 +1290,12 @@ class Client(_Engine):
         checked = self._now()
         while True:
             now = self._now()
-            live: List[_Pending] = []
-            backoff = math.inf
-            for p in ps:
-                if p.done:
-                    if not p.settled:
-                        self._settle(p, op, deadline)
-                        if not p.done:
-                            backoff = min(backoff, cast(float, p.retry_at))
-                    continue
-                if p.retry_at is not None:
-                    if now >= deadline:  # no time left for it: its last error stands
-                        p.retry_at = None
-                        p.done = p.settled = True
-                        continue
-                    if p.retry_at <= now:
-                        self._begin(p, op, deadline)
-                        if p.done:
-                            self._settle(p, op, deadline)
-                            if not p.done:
-                                backoff = min(backoff, cast(float, p.retry_at))
-                            continue
-                    else:
-                        backoff = min(backoff, p.retry_at)
-                        continue
-                live.append(p)
+            live, backoff = self._pass(ps, op, deadline, now)
             if not live and backoff == math.inf:
                 return
             left = deadline - now
             if left <= 0:
-                for p in live:  # the deadline: whoever is left times out
-                    self._time_out(p, op, timeout_ms)
-                for p in ps:
-                    if p.retry_at is not None and not p.done:  # kept its last error
-                        p.retry_at = None
-                        p.done = p.settled = True
+                self._expire(ps, live, op, timeout_ms)
                 continue
             if not live:  # only backoffs to wait out: the policy's sleep
                 self._retry_sleep(max(0.0, min(backoff, deadline) - self._now()))
@@ -1282,11 +1304,7 @@ class Client(_Engine):
                 continue  # settled (and maybe retried) at the top
             if now - checked >= CHECK_S:
                 checked = now
-                for p in live:
-                    if p.unsent:
-                        self._try_send(p, op)
-                    if not p.done:
-                        self._check(p, op)
+                self._check_all(live, op)
                 continue
             wait = min(left, CHECK_S - (now - checked), backoff - now,
                        self._soonest(live, math.inf) - now)
