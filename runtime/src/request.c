@@ -121,7 +121,9 @@ int ctl_client_refuse(ctl_client *c, const ctl_frame *req,
                        "%s at %s: the request is %zu bytes, larger than this "
                        "client's limit of %zu bytes (limits.max_msg_bytes); "
                        "not sent", op, address, req->sb.size, limit);
-    ctl_client_log(c, "%s", err && err->msg ? err->msg : "a request over the size limit was not sent");
+    ctl_client_log_limited(c, CTL_CAUSE_TOO_LARGE,
+                           err && err->msg ? err->msg
+                                           : "a request over the size limit was not sent");
     return CTL_TRANSFER;
 }
 
@@ -693,7 +695,7 @@ static void check_conn(ctl_client *c, ctl_rq *p, int64_t now_ms)
                            "client's limit of %zu bytes (limits.max_msg_bytes),"
                            " so ZeroMQ closed the connection", op, a,
                            c->opts.limits.max_msg_bytes);
-        ctl_client_log(c, "%s", err->msg);
+        ctl_client_log_limited(c, CTL_CAUSE_TOO_LARGE, err->msg);
         break;
     }
     finish(c, p, 0);

@@ -197,6 +197,24 @@ class NeverSent(unittest.TestCase):
         t0 = time.monotonic()
         run(go)
 
+    def test_too_large_logged_once_a_second(self):
+        """A burst of requests over max_msg_bytes is logged once; the next line, a second
+        later at the earliest, says how many were left out (the C client's limiter)."""
+        with ctlrpc.Client(timeout=CALL_S, max_msg_bytes=1000) as c:
+            with self.assertLogs("ctlrpc", level="WARNING") as logs:
+                for _ in range(5):
+                    with self.assertRaises(ctlrpc.Transfer):
+                        c.call("tcp://127.0.0.1:9", "target", {"x": "y" * 2000})
+                self.assertEqual(len(logs.output), 1)
+                self.assertIn("larger than this client's limit of 1000 bytes", logs.output[0])
+                deadline = time.monotonic() + 3.0
+                while len(logs.output) < 2 and time.monotonic() < deadline:
+                    with self.assertRaises(ctlrpc.Transfer):
+                        c.call("tcp://127.0.0.1:9", "target", {"x": "y" * 2000})
+                    time.sleep(0.01)
+            self.assertEqual(len(logs.output), 2)
+            self.assertRegex(logs.output[1], r"\(\d+ more like this since the last such line\)")
+
     def test_other_causes_not_sent(self):
         unit = Unit()
         try:
