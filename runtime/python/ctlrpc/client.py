@@ -54,7 +54,7 @@ from typing import (Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, 
 
 import zmq
 
-from . import _threads, _wire, curve, errors, net
+from . import _loglimit, _threads, _wire, curve, errors, net
 from .retry import NO_RETRY, RetryPolicy
 
 DEFAULT_TIMEOUT = 30.0
@@ -63,7 +63,6 @@ DEFAULT_MAX_IDLE_PER_ADDRESS = 16
 DEFAULT_MAX_RETIRED = 64
 IDLE_LINGER_MS = 100
 CHECK_S = 0.100  # a call reads its connection's monitor after this long without a reply
-LOG_EVERY = 1.0  # a cause's log line at most this often (the C client's CTL_LOG_LIMIT_MS)
 FAILS_TO_END = 2  # failed connection attempts in a row that end a call
 BROKEN_SETTLE_S = 0.300  # a broken handshake not retried within this has been given up
 DROP_SETTLE_S = 0.050  # a drop not followed by a reconnect within this is this side's own
@@ -641,27 +640,8 @@ class _Engine:
         self._ids = itertools.count(secrets.randbits(48))
         self._ids_lock = threading.Lock()
         self._closed = False
-        # Lines logged for each cause, at most one every LOG_EVERY seconds (the C client's
-        # limiter): when, and how many were left out since.
-        self._log_lock = threading.Lock()
-        self._log_last: Dict[str, float] = {}
-        self._log_skipped: Dict[str, int] = {}
+        self._limiter = _loglimit.LogLimiter(log)  # size-limit lines, per cause
         self._setup()
-
-    def _log_limited(self, cause: str, line: str) -> None:
-        """Log `line` at warning unless a line of this cause was logged in the last
-        LOG_EVERY seconds; the next one says how many were left out meanwhile."""
-        if not log.isEnabledFor(logging.WARNING):
-            return
-        now = time.monotonic()
-        with self._log_lock:
-            if now - self._log_last.get(cause, -LOG_EVERY) < LOG_EVERY:
-                self._log_skipped[cause] = self._log_skipped.get(cause, 0) + 1
-                return
-            self._log_last[cause] = now
-            skipped = self._log_skipped.pop(cause, 0)
-        more = f" ({skipped} more like this since the last such line)" if skipped else ""
-        log.warning("ctlrpc client: %s%s", line, more)
 
     def _setup(self) -> None:
         """What a subclass adds to a new client (its own state), called at the end of
@@ -764,7 +744,7 @@ class _Engine:
                             f"{self.limits.max_msg_bytes} bytes (max_msg_bytes); not sent",
                             cause="too-large", address=address, op=op)
         e.unsent = True
-        self._log_limited("too-large", str(e))
+        self._limiter.log("too-large", logging.WARNING, "ctlrpc client: %s", e)
         return e
 
     def _prepare(self, p: _Pending, op: str, deadline: float) -> Optional[bytes]:
@@ -1148,7 +1128,8 @@ class _Engine:
             msg = (f"reply dropped: larger than this client's limit of "
                    f"{self.limits.max_msg_bytes} bytes (max_msg_bytes), so ZeroMQ closed the "
                    "connection")
-            self._log_limited("too-large", f"{op} at {address}: {msg}")
+            self._limiter.log("too-large", logging.WARNING, "ctlrpc client: %s at %s: %s", op,
+                              address, msg)
         if unsent:
             e = errors.Transfer(f"{msg}; nothing was sent", cause=cause, address=address,
                                 op=op)

@@ -55,7 +55,7 @@ from typing import (Any, Callable, Collection, Dict, Iterable, List, Mapping, Op
 import zmq
 from zmq.utils import z85
 
-from . import _threads, _wire, curve, errors, net
+from . import _loglimit, _threads, _wire, curve, errors, net
 from ._version import __version__
 
 Handler = Callable[[Dict[str, Any]], Any]
@@ -107,7 +107,6 @@ _MONITOR_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISC
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                    | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
-LOG_EVERY = 1.0  # a kind of refusal line is logged at most this often
 MONITOR_POLL_MS = 100  # the monitor thread looks at its stop flag this often
 DRAIN_SLACK = 0.1  # drain() returns at most this long after its timeout
 
@@ -694,8 +693,7 @@ class Server:
         self._fd_addr: Dict[int, str] = {}
         self._by_addr: Dict[str, int] = {}
         self._handshaking: Dict[int, None] = {}
-        self._log_last: Dict[str, float] = {}
-        self._log_skipped: Dict[str, int] = {}
+        self._limiter = _loglimit.LogLimiter(log)  # refusal lines, per kind
         self._last_closed_addr = "an unknown address"
         self._hs_failed = 0
         self._hs_unmatched = 0  # successes that found no connection (_handshake_succeeded)
@@ -1087,7 +1085,7 @@ class Server:
                     # No handshake event at all: libzmq closed it for a ZMTP socket type a
                     # ROUTER does not talk to (a PUSH, PUB, SUB, PAIR...).
                     c["handshake_failures"] += 1
-                    self._log_limited("socktype", logging.WARNING, "ctlrpc server %s: refused "
+                    self._limiter.log("socktype", logging.WARNING, "ctlrpc server %s: refused "
                                       "a connection from %s: its ZeroMQ socket type is not "
                                       "one a unit talks to (a DEALER or REQ)", self.endpoint,
                                       self._last_closed_addr)
@@ -1103,7 +1101,7 @@ class Server:
                     c["handshake_failures"] += 1
                 if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                     kind, why = _handshake_why(value)
-                    self._log_limited(kind, logging.WARNING, "ctlrpc server %s: refused a "
+                    self._limiter.log(kind, logging.WARNING, "ctlrpc server %s: refused a "
                                       "connection's handshake: %s (ZeroMQ protocol error "
                                       "0x%08x)", self.endpoint, why, value)
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
@@ -1161,22 +1159,6 @@ class Server:
             if self._hs_unmatched < len(self._handshaking):
                 self._hs_unmatched += 1
 
-    def _log_limited(self, kind: str, level: int, fmt: str, *args: Any) -> None:
-        """Log a line of this kind at most once every LOG_EVERY seconds, saying how many were
-        left out meanwhile."""
-        if not log.isEnabledFor(level):
-            return
-        now = time.monotonic()
-        if now - self._log_last.get(kind, -LOG_EVERY) < LOG_EVERY:
-            self._log_skipped[kind] = self._log_skipped.get(kind, 0) + 1
-            return
-        self._log_last[kind] = now
-        skipped = self._log_skipped.pop(kind, 0)
-        if skipped:
-            fmt += " (%d more like this since the last such line)"
-            args = args + (skipped,)
-        log.log(level, fmt, *args)
-
     def _drain(self) -> None:
         """Answer what has arrived, and what arrives while that goes on, with Busy "draining",
         until the socket has been quiet for DRAIN_QUIET or the deadline passes; then let the
@@ -1231,12 +1213,12 @@ class Server:
                     code, text = b"400", b"client key not allowed"
                     c["auth_denied"] += 1
                     if is_curve:
-                        self._log_limited("key", logging.WARNING, "ctlrpc server %s: refused a "
+                        self._limiter.log("key", logging.WARNING, "ctlrpc server %s: refused a "
                                           "CURVE handshake from %s: client key %s is not on "
                                           "the allowlist", self.endpoint, addr,
                                           _z85(req[6]))
                     else:
-                        self._log_limited("nocurve", logging.WARNING, "ctlrpc server %s: "
+                        self._limiter.log("nocurve", logging.WARNING, "ctlrpc server %s: "
                                           "refused a CURVE handshake from %s: not a CURVE "
                                           "client", self.endpoint, addr)
             if code == b"200":
@@ -1244,7 +1226,7 @@ class Server:
                 if why is not None:
                     code, text = b"500", b"too many connections"
                     c["conn_refused"] += 1
-                    self._log_limited("cap", logging.WARNING, "ctlrpc server %s: refused a "
+                    self._limiter.log("cap", logging.WARNING, "ctlrpc server %s: refused a "
                                       "connection from %s: %s", self.endpoint, addr, why)
             try:
                 self._zap.send_multipart([b"1.0", req[1] if len(req) >= 2 else b"", code,
