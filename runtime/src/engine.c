@@ -612,7 +612,6 @@ static void watch(ctl_engine *e, ctl_rq *rq, int rc)
             ctl_rq_fail(e->client, rq, CTL_CAUSE_TRANSPORT,
                         "cannot watch the socket (epoll)");
         } else {
-            rq->watched = 1;
             rq->conn->engine_rq = rq;
             /* The send may have taken the socket's signal: look now, as
              * after a wake-up (drain ends the attempt if it is done). The

@@ -809,11 +809,6 @@ int ctl_pool_idle_failing(ctl_pool *p, const char *address)
     return failing;
 }
 
-int ctl_pool_conn_fd(const ctl_conn *conn)
-{
-    return conn->fd;
-}
-
 const ctl_pool_counters *ctl_pool_counters_get(const ctl_pool *p)
 {
     return &p->counters;

@@ -151,9 +151,6 @@ void ctl_pool_retire(ctl_pool *pool, ctl_conn *conn);
  * forget unused address entries past max_addresses. Never blocks. */
 void ctl_pool_upkeep(ctl_pool *pool, int64_t now_ms);
 
-/* The DEALER's ZMQ_FD, for the I/O thread's epoll set; -1 if unknown. */
-int ctl_pool_conn_fd(const ctl_conn *conn);
-
 /* The engine's epoll set, or -1 once it is gone (set by the engine when it
  * starts and before it closes the set). */
 void ctl_pool_set_epfd(ctl_pool *pool, int epfd);

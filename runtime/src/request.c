@@ -237,7 +237,6 @@ int ctl_rq_resend(ctl_client *c, ctl_rq *p)
     }
     p->done = 0;
     p->dirty = 0;
-    p->watched = 0;
     p->timeout_ms = left;
     ctl_error_clear(err);
     if (!(p->conn = ctl_pool_lend(c->pool, p->address, err))) {
@@ -466,12 +465,10 @@ static void finish(ctl_client *c, ctl_rq *p, int clean)
         p->unsent = 0;
     }
     if (p->conn) {
-        if (p->watched) {
-            /* The socket stays in the engine's epoll set (pool_int.h);
-             * its signals are no longer this request's. */
+        /* A socket the engine watched for `p` stays in its epoll set
+         * (pool_int.h); its signals are no longer this request's. */
+        if (p->conn->engine_rq == p)
             p->conn->engine_rq = NULL;
-            p->watched = 0;
-        }
         if (clean && !p->dirty)
             ctl_pool_return(c->pool, p->conn);
         else

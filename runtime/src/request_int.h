@@ -116,7 +116,6 @@ typedef struct ctl_rq {
     int unsent;        /* its socket has no connection yet: `out` waits */
     int notify;        /* a notify: counted as one, no reply awaited */
     zmq_msg_t out;     /* the message, while unsent */
-    int watched;       /* the engine watches its socket (engine.c) */
     ctl_reply **reply; /* where the reply goes on success */
     ctl_error *err;    /* where the failure goes */
     ctl_frame *req;    /* the packed request, consumed by ctl_rq_send */
