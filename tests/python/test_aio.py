@@ -120,11 +120,70 @@ class PythonUnit(unittest.TestCase):
                                                   for i in range(20)])
                 self.assertEqual([o.result for o in outs], ["m%d" % i for i in range(20)])
                 self.assertTrue(all(o.ok and o.error is None for o in outs))
-                self.assertEqual(readers(loop), base)
                 st = c.stats(self.a)
                 self.assertEqual((st["calls"], st["timeouts"], st["late_replies"],
                                   st["retired"]), (320, 0, 0, 0), st)
+                # The loop watches the sockets idle in the pool, and those alone.
+                self.assertEqual(readers(loop), base + st["sockets_idle"])
+                self.assertEqual(st["sockets_idle"], st["sockets"])
+            self.assertEqual(readers(loop), base)
         run(go)
+
+    def test_idle_sockets_closed_off_the_loop(self):
+        """Sockets idle in the pool stay with the loop until the pool's janitor closes them
+        (idle_timeout): then the loop stops watching them and they are closed."""
+        async def go():
+            loop = asyncio.get_running_loop()
+            base = readers(loop)
+            async with ctlrpc.aio.Client(timeout=CALL_S, idle_timeout=0.2) as c:
+                await asyncio.gather(*[c.call(self.a, "echo", {"text": "x"})
+                                       for _ in range(4)])
+                self.assertEqual(readers(loop), base + c.stats(self.a)["sockets_idle"])
+                self.assertGreater(c.stats(self.a)["sockets_idle"], 0)
+                deadline = time.monotonic() + CALL_S
+                while c.stats(self.a)["sockets"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                self.assertEqual(c.stats(self.a)["sockets"], 0)
+                self.assertEqual(readers(loop), base)
+                self.assertEqual(await c.call(self.a, "echo", {"text": "again"}), "again")
+        run(go)
+
+    def test_unit_gone_while_sockets_idle(self):
+        """The unit of idle, watched sockets goes away: the loop is not kept busy by their
+        descriptors, and the janitor closes them within about a second."""
+        server = ctlrpc.Server(self.h.table(), "tcp://127.0.0.1:0")
+        address = server.endpoint
+
+        async def go():
+            loop = asyncio.get_running_loop()
+            base = readers(loop)
+            async with ctlrpc.aio.Client(timeout=CALL_S) as c:
+                await asyncio.gather(*[c.call(address, "echo", {"text": "x"})
+                                       for _ in range(4)])
+                self.assertGreater(c.stats(address)["sockets_idle"], 0)
+                server.close()
+                cpu0 = time.thread_time()
+                deadline = time.monotonic() + CALL_S
+                while c.stats(address)["sockets"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                self.assertEqual(c.stats(address)["sockets"], 0)
+                self.assertEqual(readers(loop), base)
+                # A descriptor left readable would have had the loop call its reader
+                # without end: the wait above would have burned its whole time.
+                spent = time.thread_time() - cpu0
+                self.assertLess(spent, 0.5, spent)
+        run(go)
+
+    def test_one_client_on_two_loops(self):
+        """A client used from one loop, then another: its sockets move to the new loop."""
+        c = ctlrpc.aio.Client(timeout=CALL_S)
+        self.addCleanup(c.close)
+
+        async def call(text):
+            return await c.call(self.a, "echo", {"text": text})
+        self.assertEqual(run(lambda: call("one")), "one")
+        self.assertEqual(run(lambda: call("two")), "two")
+        self.assertEqual(c.stats(self.a)["calls"], 2)
 
     def test_error_kinds(self):
         async def go():

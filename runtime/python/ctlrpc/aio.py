@@ -27,11 +27,15 @@ the counters are the same code, and a call ends the same way on either path (doc
 How it waits: pyzmq's asyncio support (zmq.asyncio) watches a socket's ZMQ_FD with the loop's
 add_reader and checks ZMQ_EVENTS on every wake-up, because that descriptor only signals that
 the socket's state may have changed. This module does the same itself, on the pool's plain
-sockets, and only while a call holds a socket: so an idle or retired socket is registered with
-no loop, and the pool's janitor may close it from its own thread (a zmq.asyncio socket stays
-registered with its loop until closed through it). The loop must be a selector loop (the default
-on Linux). A client belongs to one event loop at a time; `close()` ends the calls still in
-flight with Transfer (cause "transport").
+sockets: a socket's descriptor joins the loop the first time a call holds the socket, and stays
+with it while the socket idles in the pool (registering and removing it at every call cost more
+than a tenth of a call), until the socket is retired or closed. Such a socket is the loop's
+(_Pool.owned): when the pool's janitor closes it (idle too long, its unit gone), the loop's
+thread is asked to take it off the loop and close it (_Pool.close_owned), and the loop's reader
+for an idle socket reads its ZMQ_EVENTS under the pool's lock, so the descriptor does not stay
+readable. The loop must be a selector loop (the default on Linux). A client belongs to one event
+loop at a time (a call from another loop moves every socket to it); `close()` ends the calls
+still in flight with Transfer (cause "transport").
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import threading
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type, cast
 
@@ -47,6 +52,7 @@ import zmq
 from . import _wire, errors, net
 from .client import (CHECK_S, _NO_KINDS, _ZERO_COPY_MIN, Outcome, _Engine, _ms, _Pending,
                      _request, log)
+from .net import ZMQ_EVENTS, ZMQ_FD
 from .retry import RetryPolicy
 
 OUTBOX_MAX = 1000  # notifies to one address that may wait for its connection
@@ -72,12 +78,6 @@ class _Waiter:
         self.fut: Optional[asyncio.Future[None]] = None
         self.ready: List[_Pending] = []
 
-    def signalled(self, p: _Pending) -> None:
-        """The loop's reader callback: p's socket may have something."""
-        self.ready.append(p)
-        if self.fut is not None:
-            _wake(self.fut)
-
     def wake(self) -> None:
         if self.fut is not None:
             _wake(self.fut)
@@ -95,34 +95,42 @@ class _Waiter:
             self.fut = None
 
 
+class _Reg:
+    """A socket whose descriptor the client's loop watches: what its reader wakes (the request
+    holding the socket, or the outbox sending on it; neither while it idles in the pool)."""
+
+    __slots__ = ("sock", "fd", "p", "wake")
+
+    def __init__(self, sock: zmq.Socket[Any], fd: int) -> None:
+        self.sock = sock
+        self.fd = fd
+        self.p: Optional[_Pending] = None
+        self.wake: Optional[Any] = None
+
+
 class _Outbox:
     """Notifies to one address that wait for its connection to come up (the sockets are
     ZMQ_IMMEDIATE: nothing is queued before), in order, on one socket; a task of the loop
     sends them, for at most the client's timeout. A call to that address waits for them
     first, so a notify and a following call still arrive in order."""
 
-    __slots__ = ("address", "sock", "queue", "fd", "loop", "fut", "task", "closed")
+    __slots__ = ("address", "sock", "queue", "reg", "loop", "fut", "task", "closed")
 
-    def __init__(self, address: str, sock: zmq.Socket[Any],
+    def __init__(self, address: str, sock: zmq.Socket[Any], reg: _Reg,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.address = address
         self.sock = sock
         self.queue: Deque[Tuple[str, bytes]] = deque()  # (op, payload)
+        self.reg = reg
         self.loop = loop
-        self.fd = int(sock.getsockopt(zmq.FD))
         self.fut: Optional[asyncio.Future[None]] = None
         self.task: Optional[asyncio.Task[None]] = None
         self.closed = False
-        loop.add_reader(self.fd, self.wake)
+        reg.wake = self.wake
 
     def wake(self) -> None:
         if self.fut is not None:
             _wake(self.fut)
-
-    def unwatch(self) -> None:
-        if self.fd >= 0:
-            self.loop.remove_reader(self.fd)
-            self.fd = -1
 
 
 class Client(_Engine):
@@ -133,10 +141,16 @@ class Client(_Engine):
 
     _waiters: Set[_Waiter]
     _outboxes: Dict[str, _Outbox]
+    _regs: Dict[zmq.Socket[Any], _Reg]
+    _loop: Optional[asyncio.AbstractEventLoop]
 
     def _setup(self) -> None:
         self._waiters = set()  # the calls in flight, for close()
         self._outboxes = {}  # notifies waiting for a connection, by address
+        self._regs = {}  # the sockets whose descriptors self._loop watches
+        self._loop = None
+        self._pool.unwatch = self._unwatch
+        self._pool.on_to_close = self._ask_close
 
     def _sleeper(self, retry: RetryPolicy) -> Any:
         return retry.async_sleep()
@@ -236,7 +250,6 @@ class Client(_Engine):
             w.wake()
         for ob in list(self._outboxes.values()):
             ob.closed = True
-            ob.unwatch()
             self._pool.retire(ob.address, ob.sock)
             if ob.task is not None:
                 ob.task.cancel()
@@ -254,7 +267,7 @@ class Client(_Engine):
     def _park(self, address: str, sock: zmq.Socket[Any], op: str, payload: bytes) -> None:
         """A notify whose socket has no connection yet: its outbox sends it when one is up."""
         try:
-            loop = asyncio.get_running_loop()
+            loop = self._home()
         except RuntimeError:
             failure = errors.Timeout("no connection to the unit yet, and no running event "
                                      "loop to wait on; nothing was sent", address=address,
@@ -262,7 +275,7 @@ class Client(_Engine):
             failure.unsent = True
             self._notify_sent(address, sock, failure)
             return
-        ob = _Outbox(address, sock, loop)
+        ob = _Outbox(address, sock, self._watch(sock), loop)
         ob.queue.append((op, payload))
         self._outboxes[address] = ob
         ob.task = loop.create_task(self._flush(ob))
@@ -305,7 +318,7 @@ class Client(_Engine):
         finally:
             if not ob.closed:
                 ob.closed = True
-                ob.unwatch()
+                ob.reg.wake = None
                 if self._outboxes.get(ob.address) is ob:
                     del self._outboxes[ob.address]
                 if failure is None and not ob.queue:
@@ -321,23 +334,84 @@ class Client(_Engine):
 
     # ---- waiting, on the event loop ----------------------------------------------------
 
+    def _home(self) -> asyncio.AbstractEventLoop:
+        """The running loop (RuntimeError: none), which the client's sockets are watched by:
+        those another loop watched move to it."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            with self._pool.lock:
+                for sock in list(self._regs):
+                    self._pool.owned.discard(sock)
+                    self._unwatch(sock)
+                self._loop = loop
+                self._pool.owner_thread = threading.get_ident()
+                self._pool._close_owned()
+        return loop
+
+    def _watch(self, sock: zmq.Socket[Any]) -> _Reg:
+        """The loop's watch on a socket lent to this client: made (and the socket the loop's,
+        _Pool.own) the first time the socket is lent."""
+        reg = self._regs.get(sock)
+        if reg is None:
+            assert self._loop is not None
+            reg = self._regs[sock] = _Reg(sock, cast(int, sock.getsockopt(ZMQ_FD)))
+            self._loop.add_reader(reg.fd, self._signalled, reg)
+            self._pool.own(sock)
+        return reg
+
+    def _unwatch(self, sock: zmq.Socket[Any]) -> None:
+        """The pool's hook: `sock` is retired or closed, the loop stops watching it. Called on
+        the loop's thread, with the pool's lock held."""
+        reg = self._regs.pop(sock, None)
+        if reg is not None and self._loop is not None:
+            self._loop.remove_reader(reg.fd)  # a closed loop: nothing to remove
+
+    def _ask_close(self) -> None:
+        """The pool's hook, on any thread with its lock held: the pool has closed sockets the
+        loop watches; the loop's thread closes them."""
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._pool.close_owned)
+            except RuntimeError:
+                pass  # the loop is closed: the next call's loop, or close(), takes them
+
+    def _signalled(self, reg: _Reg) -> None:
+        """The loop's reader of a watched socket: the socket may have something."""
+        p = reg.p
+        if p is not None:
+            w: _Waiter = p.waiter
+            w.ready.append(p)
+            if w.fut is not None:
+                _wake(w.fut)
+        elif reg.wake is not None:
+            reg.wake()
+        else:
+            # Idle in the pool: read its state (the descriptor stays readable until then), as
+            # the pool's lock allows any thread to touch an idle socket.
+            with self._pool.lock:
+                if reg.sock in self._pool.owned and not reg.sock.closed:
+                    try:
+                        reg.sock.getsockopt(ZMQ_EVENTS)
+                    except zmq.ZMQError:
+                        pass
+
     def _attach(self, p: _Pending) -> None:
         assert p.sock is not None
-        w: _Waiter = p.waiter
-        p.fd = int(p.sock.getsockopt(zmq.FD))
-        w.loop.add_reader(p.fd, w.signalled, p)
+        reg = p.reg = self._watch(p.sock)
+        reg.p = p
 
     def _release(self, p: _Pending) -> None:
-        if p.fd >= 0:
-            p.waiter.loop.remove_reader(p.fd)
-            p.fd = -1
+        if p.reg is not None:
+            p.reg.p = None
+            p.reg = None
 
     async def _run(self, ps: List[_Pending], op: str, deadline: float,
                    timeout_ms: int) -> None:
         """Run every request of `ps` to its end, retries included, within the one `deadline`.
         However it ends (a cancel too), every socket has left the call and no reader stays on
         the loop."""
-        loop = asyncio.get_running_loop()
+        loop = self._home()
         w = _Waiter(loop, ps)
         for p in ps:
             p.waiter = w

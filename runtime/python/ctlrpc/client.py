@@ -49,12 +49,13 @@ import types
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import (Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Type, cast,
-                    overload)
+from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tuple,
+                    Type, cast, overload)
 
 import zmq
 
 from . import _loglimit, _threads, _wire, curve, errors, net
+from .net import ZMQ_EVENTS, ZMQ_NOBLOCK, ZMQ_POLLIN, ZMQ_RCVMORE
 from .retry import NO_RETRY, RetryPolicy
 
 DEFAULT_TIMEOUT = 30.0
@@ -159,6 +160,8 @@ class _Watch:
             self.broken_at = 0.0
 
     def drain(self) -> None:
+        if not cast(int, self.mon.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
+            return  # the usual case, and a call asks before every send on a pooled socket
         for ev, value in net.monitor_events(self.mon):
             self.fold(ev, value)
 
@@ -296,6 +299,16 @@ class _Pool:
         self.closed = False
         self.watches: Dict[zmq.Socket[Any], _Watch] = {}  # each socket's monitor
         self.idle_drained = time.monotonic()
+        # Sockets an event loop watches (the asyncio client keeps a socket's descriptor with
+        # its loop while the socket idles here): only the loop's thread (owner_thread) may stop
+        # watching one, so one the pool closes on another thread waits in to_close until that
+        # thread takes it (close_owned); on_to_close asks it to, and unwatch stops the
+        # watching (both: the owner's).
+        self.owned: Set[zmq.Socket[Any]] = set()
+        self.owner_thread = 0
+        self.to_close: List[Tuple[str, zmq.Socket[Any], int]] = []
+        self.on_to_close: Optional[Callable[[], None]] = None
+        self.unwatch: Optional[Callable[[zmq.Socket[Any]], None]] = None
         _JANITOR.add(self)
 
     def _entry(self, address: str) -> _Entry:
@@ -340,6 +353,9 @@ class _Pool:
 
     def budget_credit(self, address: str) -> None:
         """A result came: the address's retry budget gets budget_ratio back (capped)."""
+        e = self.entries.get(address)
+        if e is not None and e.tokens >= self.retry.budget_tokens:
+            return  # full, as it mostly is: nothing to take the lock for
         with self.lock:
             e = self._entry(address)
             e.tokens = min(float(self.retry.budget_tokens), e.tokens + self.retry.budget_ratio)
@@ -369,7 +385,40 @@ class _Pool:
         w.drain()
         return w.up
 
+    def own(self, sock: zmq.Socket[Any]) -> None:
+        """A lent socket is now watched by an event loop (its owner), until it is retired or
+        closed: called by the owner's thread."""
+        with self.lock:
+            self.owned.add(sock)
+
+    def close_owned(self) -> None:
+        """On the owner's thread: stop watching, and close, the owned sockets the pool has
+        closed since (idle too long, unit gone, no room, the client closed)."""
+        with self.lock:
+            self._close_owned()
+
+    def _close_owned(self) -> None:
+        items, self.to_close = self.to_close, []
+        for address, sock, linger_ms in items:
+            self._disown(sock)
+            self._close(address, sock, linger_ms)
+
+    def _disown(self, sock: zmq.Socket[Any]) -> None:
+        """Called with the lock held, on the owner's thread."""
+        self.owned.discard(sock)
+        if self.unwatch is not None:
+            self.unwatch(sock)
+
     def _close(self, address: str, sock: zmq.Socket[Any], linger_ms: int) -> None:
+        if sock in self.owned:
+            # It waits for its owner's thread; but a closing pool closes everything (close()
+            # belongs on the owner's thread: from another, ZeroMQ would wait for it for ever).
+            if threading.get_ident() != self.owner_thread and not self.closed:
+                self.to_close.append((address, sock, linger_ms))
+                if len(self.to_close) == 1 and self.on_to_close is not None:
+                    self.on_to_close()
+                return
+            self._disown(sock)
         w = self.watches.pop(sock, None)
         if w is not None:
             net.close_monitor(sock, w.mon)
@@ -401,8 +450,8 @@ class _Pool:
             late = 0
             try:
                 while True:
-                    sock.recv(zmq.NOBLOCK)
-                    if not sock.getsockopt(zmq.RCVMORE):
+                    sock.recv(ZMQ_NOBLOCK)
+                    if not sock.getsockopt(ZMQ_RCVMORE):
                         late += 1
             except zmq.ZMQError:
                 pass  # nothing more (EAGAIN), or a broken socket: closed below in any case
@@ -495,8 +544,12 @@ class _Pool:
             self._close(address, sock, IDLE_LINGER_MS)
 
     def retire(self, address: str, sock: zmq.Socket[Any]) -> None:
-        """Take a socket out of use: closed after its grace period, late replies counted."""
+        """Take a socket out of use: closed after its grace period, late replies counted.
+        Called by the thread holding it (an owner stops watching it: any thread may drain it
+        now)."""
         with self.lock:
+            if sock in self.owned:
+                self._disown(sock)
             e = self._entry(address)
             e.counters["sockets_retired"] += 1
             if self.late_grace <= 0 or self.closed:
@@ -527,6 +580,7 @@ class _Pool:
             for address, e in self.entries.items():
                 while e.idle:
                     self._close(address, e.idle.pop()[0], IDLE_LINGER_MS)
+            self._close_owned()  # close() runs on the owner's thread
 
 
 def _address_stats(counters: Mapping[str, int], errs: Mapping[str, int],
@@ -543,7 +597,7 @@ class _Pending:
 
     __slots__ = ("address", "request", "idempotent", "sock", "pooled", "id", "data", "unsent",
                  "dirty", "done", "settled", "ok", "result", "error", "attempts", "tries",
-                 "retry_at", "attempt_end", "deadline_wall", "fd", "waiter")
+                 "retry_at", "attempt_end", "deadline_wall", "reg", "waiter")
 
     def __init__(self, address: str, request: Tuple[bytes, bytes],
                  idempotent: bool = False) -> None:
@@ -566,7 +620,7 @@ class _Pending:
         self.retry_at: Optional[float] = None  # waiting out a backoff until then
         self.attempt_end: Optional[float] = None  # this attempt's own limit (attempt_timeout)
         self.deadline_wall = 0.0  # the call's deadline in its ids (every attempt's the same)
-        self.fd = -1  # the asyncio client: the descriptor its loop watches (ctlrpc.aio)
+        self.reg: Any = None  # the asyncio client: its socket's watch on the loop (ctlrpc.aio)
         self.waiter: Any = None  # and what its call waits on
 
     def again(self) -> None:
@@ -890,7 +944,7 @@ class _Engine:
             try:
                 # Small messages are copied: a zero-copy Frame costs more than the copy below
                 # 32 KiB (as the server decides for its replies).
-                p.sock.send(p.data, zmq.NOBLOCK, copy=len(p.data) >= _ZERO_COPY_MIN)
+                p.sock.send(p.data, ZMQ_NOBLOCK, copy=len(p.data) >= _ZERO_COPY_MIN)
             except zmq.Again:
                 # Up, but its queue is full (notifies a unit does not read): it waits.
                 if not (p.pooled and self.retry.transparent) or self._pool.connected(p.sock):
@@ -1043,11 +1097,12 @@ class _Engine:
         try:
             # Asking first is cheaper than the zmq.Again a receive would raise (pyzmq builds
             # its message with an import and a strerror each time).
-            if not cast(int, p.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            sock = p.sock
+            if not cast(int, sock.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
                 return False
-            data = p.sock.recv(zmq.NOBLOCK)
+            data = sock.recv(ZMQ_NOBLOCK)
             frames = 1
-            while p.sock.getsockopt(zmq.RCVMORE):
+            while sock.getsockopt(ZMQ_RCVMORE):
                 p.sock.recv()
                 frames += 1
         except zmq.Again:

@@ -20,12 +20,20 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple, cast
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 NODE_IP_ENV = "CTLRPC_NODE_IP"
+
+# pyzmq's constants are enums, and an enum's `&` or a flag passed through makes a new member each
+# time (about a microsecond): the per-call paths of the clients use the plain values.
+ZMQ_EVENTS = int(zmq.EVENTS)
+ZMQ_FD = int(zmq.FD)
+ZMQ_RCVMORE = int(zmq.RCVMORE)
+ZMQ_POLLIN = int(zmq.POLLIN)
+ZMQ_NOBLOCK = int(zmq.NOBLOCK)
 ENDPOINT_MAX = 256  # CTL_ENDPOINT_MAX, with its terminating NUL
 
 # Linux ioctls for an interface's flags and IPv4 address.
@@ -242,9 +250,9 @@ def monitor_events(mon: "zmq.Socket[Any]", most: int = -1) -> Iterator[Tuple[int
         try:
             # Asking first is cheaper than the zmq.Again an empty receive raises (a client
             # reads a pooled socket's monitor before every request it sends on it).
-            if not int(mon.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not cast(int, mon.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
                 return
-            frames = mon.recv_multipart(zmq.NOBLOCK)
+            frames = mon.recv_multipart(ZMQ_NOBLOCK)
         except zmq.ZMQError:
             return
         try:
