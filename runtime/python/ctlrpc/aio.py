@@ -67,32 +67,82 @@ def _wake(fut: "asyncio.Future[None]") -> None:
 
 class _Waiter:
     """What one call (or fan-out) waits on: the sockets that have signalled since it last
-    looked, and the future it sleeps on. Only ever completed with a result (never an
+    looked, and the future it sleeps on until then or its wake-up time (`wake_at`, on the
+    client's clock: the client's _Alarm rings it). Only ever completed with a result (never an
     exception), so nothing is left unretrieved whatever ends the wait."""
 
-    __slots__ = ("loop", "ps", "fut", "ready")
+    __slots__ = ("loop", "ps", "fut", "ready", "wake_at", "alarm")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ps: Sequence[_Pending]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ps: Sequence[_Pending],
+                 alarm: "_Alarm") -> None:
         self.loop = loop
         self.ps = ps
         self.fut: Optional[asyncio.Future[None]] = None
         self.ready: List[_Pending] = []
+        self.wake_at = math.inf
+        self.alarm = alarm
 
     def wake(self) -> None:
         if self.fut is not None:
             _wake(self.fut)
 
-    async def sleep(self, seconds: float) -> None:
-        """Until a socket signals, or `seconds` pass."""
+    async def sleep(self, until: float) -> None:
+        """Until a socket signals, or the client's clock reaches `until`."""
         if self.ready:
             return
         fut = self.fut = self.loop.create_future()
-        timer = self.loop.call_later(seconds, _wake, fut)
+        self.wake_at = until
+        self.alarm.arm(self.loop, until)
         try:
             await fut
         finally:
-            timer.cancel()
             self.fut = None
+            self.wake_at = math.inf
+
+
+class _Alarm:
+    """One loop timer for all of a client's calls in flight, set for the soonest time one of
+    them must wake up without a signal (its deadline, its next look at the monitors, an
+    attempt's limit). A call sets it only when it must wake sooner than that; when it rings, it
+    wakes those due and sets itself for the next. So a call costs no timer of its own: most
+    calls end long before the alarm's time, and it rings a few times a second at most while
+    calls are in flight (each waits at most CHECK_S)."""
+
+    __slots__ = ("now", "waiters", "handle", "at")
+
+    def __init__(self, now: Any, waiters: Set[_Waiter]) -> None:
+        self.now = now  # the client's clock
+        self.waiters = waiters  # the calls in flight
+        self.handle: Optional[asyncio.TimerHandle] = None
+        self.at = math.inf
+
+    def arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if at < self.at:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.at = at
+            self.handle = loop.call_later(max(0.0, at - self.now()), self.ring, loop)
+
+    def ring(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = None
+        self.at = math.inf
+        now = self.now()
+        soonest = math.inf
+        for w in self.waiters:
+            if w.fut is None:
+                continue
+            if w.wake_at <= now:
+                _wake(w.fut)
+            elif w.wake_at < soonest:
+                soonest = w.wake_at
+        if soonest < math.inf:
+            self.arm(loop, soonest)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.at = math.inf
 
 
 class _Reg:
@@ -149,6 +199,7 @@ class Client(_Engine):
         self._outboxes = {}  # notifies waiting for a connection, by address
         self._regs = {}  # the sockets whose descriptors self._loop watches
         self._loop = None
+        self._alarm = _Alarm(self._now, self._waiters)
         self._pool.unwatch = self._unwatch
         self._pool.on_to_close = self._ask_close
 
@@ -254,6 +305,7 @@ class Client(_Engine):
             if ob.task is not None:
                 ob.task.cancel()
         self._outboxes.clear()
+        self._alarm.cancel()
         super().close()
 
     async def __aenter__(self) -> Client:
@@ -339,6 +391,7 @@ class Client(_Engine):
         those another loop watched move to it."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
+            self._alarm.cancel()  # (the other loop's)
             with self._pool.lock:
                 for sock in list(self._regs):
                     self._pool.owned.discard(sock)
@@ -412,7 +465,7 @@ class Client(_Engine):
         However it ends (a cancel too), every socket has left the call and no reader stays on
         the loop."""
         loop = self._home()
-        w = _Waiter(loop, ps)
+        w = _Waiter(loop, ps, self._alarm)
         for p in ps:
             p.waiter = w
         self._waiters.add(w)
@@ -445,8 +498,14 @@ class Client(_Engine):
         asks for when their backoff is over (a backoff is an asyncio sleep)."""
         checked = self._now()
         todo: List[_Pending] = list(ps)  # the first time, every socket is looked at
+        woken: List[_Pending] = []  # those whose socket signalled: most have their reply
         while True:
             w.ready = []
+            for p in woken:
+                if not p.done and p.sock is not None and not p.unsent:
+                    ask = False  # receive at once: a reply is likelier than nothing
+                    while not p.done and self._recv_one(p, op, ask):
+                        ask = True
             for p in todo:
                 if p.done or p.sock is None:
                     continue
@@ -475,6 +534,7 @@ class Client(_Engine):
                 checked = now
                 self._check_all(live, op)
                 continue
-            await w.sleep(max(0.0, min(left, CHECK_S - (now - checked), backoff - now,
-                                       self._soonest(live, math.inf) - now)))
-            todo = w.ready + [p for p in live if p.unsent]  # twice is harmless
+            await w.sleep(min(deadline, checked + CHECK_S, backoff,
+                              self._soonest(live, math.inf)))
+            woken = w.ready
+            todo = [p for p in live if p.unsent]  # (one also in woken: twice is harmless)

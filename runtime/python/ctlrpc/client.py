@@ -1089,16 +1089,17 @@ class _Engine:
             p.sock = None
         p.done = True
 
-    def _recv_one(self, p: _Pending, op: str) -> bool:
+    def _recv_one(self, p: _Pending, op: str, ask: bool = True) -> bool:
         """Receive one message on p.sock without waiting and judge it. Ends `p` when its own
         reply came (result or error) or the socket failed; a reply for another id is counted
-        and skipped. Returns False when nothing was there."""
+        and skipped. Returns False when nothing was there. `ask`: ask the socket first, when
+        nothing is the likelier (without, a receive that finds nothing costs more)."""
         assert p.sock is not None
         try:
             # Asking first is cheaper than the zmq.Again a receive would raise (pyzmq builds
             # its message with an import and a strerror each time).
             sock = p.sock
-            if not cast(int, sock.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
+            if ask and not cast(int, sock.getsockopt(ZMQ_EVENTS)) & ZMQ_POLLIN:
                 return False
             data = sock.recv(ZMQ_NOBLOCK)
             frames = 1
