@@ -517,20 +517,27 @@ class _Pool:
             self.watches[sock] = _Watch(mon)
         return sock
 
-    def lend(self, address: str, fresh: bool = False) -> Tuple[zmq.Socket[Any], bool]:
+    def lend(self, address: str, fresh: bool = False,
+             attempt: bool = False) -> Tuple[zmq.Socket[Any], bool]:
         """A socket to `address`: an idle one (unless `fresh`), or a new one; and whether it
-        came from the pool. ValueError for an address that is not tcp://host:port;
-        zmq.ZMQError when a socket cannot be made."""
+        came from the pool. `attempt`: count an attempt of a call on it. ValueError for an
+        address that is not tcp://host:port; zmq.ZMQError when a socket cannot be made."""
         with self.lock:
             if self.closed:
                 raise RuntimeError("the client is closed")
             self.sweep()
             e = self._entry(address)
             if e.idle and not fresh:
+                if attempt:
+                    e.counters["attempts"] += 1
                 return e.idle.pop()[0], True
         # Dialing needs no lock: the new socket is not in the pool yet.
         sock = self._dial(address)
-        self.count(address, "sockets_opened")
+        with self.lock:
+            c = self._entry(address).counters
+            c["sockets_opened"] += 1
+            if attempt:
+                c["attempts"] += 1
         return sock, False
 
     def give_back(self, address: str, sock: zmq.Socket[Any]) -> None:
@@ -767,7 +774,7 @@ class _Engine:
     def _lend(self, p: _Pending, op: str, fresh: bool = False) -> None:
         """Lend p a socket (counting an attempt); on failure `p` is done with its error."""
         try:
-            p.sock, p.pooled = self._pool.lend(p.address, fresh)
+            p.sock, p.pooled = self._pool.lend(p.address, fresh, attempt=True)
         except zmq.ZMQError as e:
             failure = errors.Transfer(f"cannot make a socket: {e.strerror}; nothing was sent",
                                       cause="transport", address=p.address, op=op)
@@ -775,7 +782,6 @@ class _Engine:
             p.error, p.done = failure, True
             return
         p.attempts += 1
-        self._pool.count(p.address, "attempts")
         self._attach(p)
 
     def _result(self, p: _Pending, kinds: Mapping[str, Type[errors.DeclaredError]],
