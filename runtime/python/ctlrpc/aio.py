@@ -471,7 +471,8 @@ class Client(_Engine):
         self._waiters.add(w)
         try:
             for p in ps:
-                await self._after_notifies(p.address, deadline)
+                if self._outboxes:  # (mostly none: no coroutine to run then)
+                    await self._after_notifies(p.address, deadline)
                 self._begin(p, op, deadline)
             await self._wait(ps, op, deadline, timeout_ms, w)
         except BaseException:  # CancelledError above all: the sockets are retired
