@@ -394,8 +394,7 @@ class Client(_Engine):
             self._alarm.cancel()  # (the other loop's)
             with self._pool.lock:
                 for sock in list(self._regs):
-                    self._pool.owned.discard(sock)
-                    self._unwatch(sock)
+                    self._pool._disown(sock)
                 self._loop = loop
                 self._pool.owner_thread = threading.get_ident()
                 self._pool._close_owned()

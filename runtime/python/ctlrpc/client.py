@@ -1110,7 +1110,7 @@ class _Engine:
             data = sock.recv(ZMQ_NOBLOCK)
             frames = 1
             while sock.getsockopt(ZMQ_RCVMORE):
-                p.sock.recv()
+                sock.recv()
                 frames += 1
         except zmq.Again:
             return False
