@@ -29,6 +29,7 @@
  */
 #include "pool_int.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,8 @@ struct ctl_pool {
     ctl_pool_counters counters;
     _Atomic int epfd;               /* the engine's epoll set, or -1 */
     ctl_conn *_Atomic graveyard;    /* closed, to be freed by the engine */
+    struct pollfd *mon_fds;         /* the upkeep's poll of idle monitors */
+    size_t mon_fds_cap;
 };
 
 static uint32_t hash(const char *s)
@@ -239,7 +242,8 @@ static void sweep(ctl_pool *p, int64_t now, int all)
  * unit has gone (the connection dropped, or attempts fail). */
 static int idle_expired(ctl_pool *p, ctl_conn *c, int64_t now)
 {
-    drain_monitor(c);
+    if (c->mon_ready)
+        drain_monitor(c);
     if (p->opts.idle_timeout_ms > 0 && now - c->idle_ms >= p->opts.idle_timeout_ms)
         return 1;
     return c->st.after_drop || c->st.fails > 0 || c->st.verdict_event;
@@ -247,10 +251,57 @@ static int idle_expired(ctl_pool *p, ctl_conn *c, int64_t now)
 
 static void unlink_entry(ctl_pool *p, ctl_addr *e);
 
+/* Which idle connections' monitors have something to read (mon_ready):
+ * one poll(2) over their descriptors, where a receive on each monitor
+ * would cost a few system calls inside libzmq even when it finds nothing
+ * (a client idling with a thousand pooled sockets spent milliseconds of
+ * CPU a pass on that). A monitor's ZMQ_FD is readable while commands wait
+ * for its socket. Every read of a monitor goes on until it finds nothing
+ * (drain_monitor); after that, the next event makes the descriptor
+ * readable. So a monitor whose descriptor is not readable has no event.
+ * Without the poll (no memory for it, or it failed) every monitor is read.
+ * Called with the mutex held. */
+static void mark_monitors(ctl_pool *p)
+{
+    size_t n = 0;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                e->idle[i]->mon_ready = 1;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                n += e->idle[i]->mon_fd >= 0;
+    if (n == 0)
+        return;
+    if (n > p->mon_fds_cap) {
+        struct pollfd *grown = realloc(p->mon_fds, n * sizeof *grown);
+        if (!grown)
+            return;
+        p->mon_fds = grown;
+        p->mon_fds_cap = n;
+    }
+    size_t k = 0;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                if (e->idle[i]->mon_fd >= 0)
+                    p->mon_fds[k++] = (struct pollfd){e->idle[i]->mon_fd, POLLIN, 0};
+    if (poll(p->mon_fds, (nfds_t)n, 0) < 0)
+        return;
+    k = 0;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
+            for (unsigned i = 0; i < e->n_idle; i++)
+                if (e->idle[i]->mon_fd >= 0)
+                    e->idle[i]->mon_ready = p->mon_fds[k++].revents != 0;
+}
+
 void ctl_pool_upkeep(ctl_pool *p, int64_t now)
 {
     pthread_mutex_lock(&p->mu);
     sweep(p, now, 0);
+    mark_monitors(p);
     ctl_addr *lru = NULL;
     size_t forgettable = 0;
     for (unsigned b = 0; b < BUCKETS; b++) {
@@ -440,6 +491,14 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         return NULL;
     }
     c->mon = watch(p, s);
+    size_t mon_fd_len = sizeof c->mon_fd;
+    if (c->mon && zmq_getsockopt(c->mon, ZMQ_FD, &c->mon_fd, &mon_fd_len) != 0)
+        c->mon_fd = -1;
+    c->mon_ready = 1;
+    /* A pipe's reader starts awake: until a read finds it empty, events
+     * written to it do not signal the monitor's ZMQ_FD (mark_monitors). */
+    if (c->mon)
+        drain_monitor(c);
     if (!c->mon) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                            "%s: cannot watch the connection (a socket "
@@ -836,6 +895,7 @@ void ctl_pool_destroy(ctl_pool **pool)
     ctl_pool_reap(p); /* the engine has stopped */
     pthread_mutex_destroy(&p->mu);
     free(p->ring);
+    free(p->mon_fds);
     free(p);
     *pool = NULL;
 }

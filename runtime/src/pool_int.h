@@ -85,6 +85,9 @@ typedef struct ctl_conn_state {
 typedef struct ctl_conn {
     void *sock;
     void *mon;      /* PAIR receiving the monitor's events; NULL if none */
+    int mon_fd;     /* the monitor's ZMQ_FD (-1 if unknown) */
+    int mon_ready;  /* the upkeep found its monitor with something to read
+                       (or could not tell) */
     ctl_addr *addr; /* the address it is connected to */
     int fd;         /* the DEALER's ZMQ_FD (-1 if unknown) */
     int64_t idle_ms; /* when it last became idle */

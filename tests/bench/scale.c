@@ -149,14 +149,6 @@ static double pct_us(uint64_t *ns, size_t n, int p)
     return (double)ns[(n - 1) * (size_t)p / 100] / 1e3;
 }
 
-static double cpu_us_self(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
-
 /* ---- limits and contexts ------------------------------------------------ */
 
 /* Soft RLIMIT_NOFILE up to the hard limit: every socket and connection
@@ -819,11 +811,16 @@ static void hosts_stop(hosts *h)
 
 /* ---- case: fan-out ------------------------------------------------------ */
 
-/* The bytes of a stats request ([op, id, {}], 21 bytes): what the bare
- * fan-out sends, so both sides move requests of the same size. */
+/* The bytes of a stats request as the ctlrpc client sends it ([op, id,
+ * {}], 35 bytes: its ids are 12 hex digits, '@' and the deadline in
+ * milliseconds of the wall clock, docs/PROTOCOL.md): what the bare fan-out
+ * sends, so that both sides move requests of the same size, and the
+ * fixed-reply servers, which answer with the request's id, replies of the
+ * same size. */
 static const unsigned char stats_req[] = {
-    0x93, 0xa5, 's', 't', 'a', 't', 's', 0xac, '0', '0', '0', '0', '0',
-    '0', '0', '0', '0', '0', '0', '1', 0x80};
+    0x93, 0xa5, 's', 't', 'a', 't', 's', 0xba, '0', '0', '0', '0', '0', '0', '0', '0', '0',
+    '0', '0', '1', '@', '1', '7', '9', '6', '0', '0', '0', '0', '0', '0', '0', '0', '0',
+    0x80};
 
 typedef struct fan_ours {
     ctl_client *client;
@@ -922,31 +919,51 @@ typedef struct fan_side {
     double rss_kib, fds;        /* per address, after the first batch */
 } fan_side;
 
-/* `batches` batches of one side, timed; this process's CPU per target. */
-static int fan_round(int bare, fan_ours *o, fan_bare *b, size_t batches, int r,
-                     fan_side *out)
+/* This process's CPU time in ns: every thread of it, the engine's I/O
+ * thread and ZeroMQ's among them. */
+static uint64_t cpu_ns_self(void)
 {
-    uint64_t *lat = malloc(batches * sizeof *lat);
-    size_t n = bare ? b->n : o->n;
-    /* The engine's I/O thread runs in this process: getrusage counts it. */
-    if (!lat) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One round: `batches` batches of each side, interleaved batch by batch
+ * (blocking, asynchronous, bare, in an order that rotates at every batch),
+ * so that all three meet the same moments of a noisy machine; each
+ * batch timed, and this process's CPU during each side's batches booked
+ * to that side, per target. */
+static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t batches, int r,
+                     fan_side *sides[3])
+{
+    uint64_t *lat[3] = {malloc(batches * sizeof(uint64_t)),
+                        malloc(batches * sizeof(uint64_t)),
+                        malloc(batches * sizeof(uint64_t))};
+    uint64_t cpu[3] = {0, 0, 0};
+    int rc = -1;
+    if (!lat[0] || !lat[1] || !lat[2]) {
         bench_fail("out of memory");
-        return -1;
+        goto out;
     }
-    double c0 = cpu_us_self();
-    for (size_t i = 0; i < batches; i++) {
-        uint64_t t0 = now_ns();
-        if ((bare ? fan_bare_batch(b) : fan_ours_batch(o)) != 0) {
-            free(lat);
-            return -1;
+    for (size_t i = 0; i < batches; i++)
+        for (int k = 0; k < 3; k++) {
+            int side = (int)((i + (size_t)k) % 3); /* 0 blocking, 1 async, 2 bare */
+            uint64_t c0 = cpu_ns_self(), t0 = now_ns();
+            if ((side == 2 ? fan_bare_batch(b) : fan_ours_batch(side == 1 ? a : o)) != 0)
+                goto out;
+            lat[side][i] = now_ns() - t0;
+            cpu[side] += cpu_ns_self() - c0;
         }
-        lat[i] = now_ns() - t0;
+    for (int side = 0; side < 3; side++) {
+        sides[side]->cpu[r] = (double)cpu[side] / 1e3 / (double)(batches * b->n);
+        sides[side]->p50[r] = pct_us(lat[side], batches, 50);
+        sides[side]->p99[r] = pct_us(lat[side], batches, 99);
     }
-    out->cpu[r] = (cpu_us_self() - c0) / (double)(batches * n);
-    out->p50[r] = pct_us(lat, batches, 50);
-    out->p99[r] = pct_us(lat, batches, 99);
-    free(lat);
-    return 0;
+    rc = 0;
+out:
+    for (int side = 0; side < 3; side++)
+        free(lat[side]);
+    return rc;
 }
 
 typedef struct fan_size {
@@ -1049,13 +1066,9 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
         if (fan_ours_batch(&o) != 0 || fan_ours_batch(&a) != 0 || fan_bare_batch(&b) != 0)
             goto out;
     for (int r = 0; r < rounds; r++) {
-        /* Rotate which side goes first. */
-        for (int k = 0; k < 3; k++) {
-            int side = (r + k) % 3; /* 0 blocking, 1 asynchronous, 2 bare */
-            if (fan_round(side == 2, side == 1 ? &a : &o, &b, batches, r,
-                          side == 0 ? &out->ours : side == 1 ? &out->async : &out->bare) != 0)
-                goto out;
-        }
+        fan_side *sides[3] = {&out->ours, &out->async, &out->bare};
+        if (fan_round(&o, &a, &b, batches, r, sides) != 0)
+            goto out;
         bench_progress("fan-out to %zu: round %d/%d: batch p50 %.0f / %.0f (async) vs %.0f us, "
                  "CPU %.1f / %.1f vs %.1f us/target", n, r + 1, cfg.rounds, out->ours.p50[r],
                  out->async.p50[r], out->bare.p50[r], out->ours.cpu[r], out->async.cpu[r],

@@ -253,6 +253,58 @@ static void test_idle_and_retired_closed_when_quiet(void **state)
     ctl_error_fini(&err);
 }
 
+/* An idle socket whose unit goes away is closed by the upkeep alone (its
+ * monitor saw the drop), long before idle_timeout_ms, and the sockets of
+ * the units still there stay pooled. The upkeep reads only the monitors
+ * whose descriptors say an event waits: this is what says they do. */
+static void test_idle_socket_closed_when_its_unit_goes(void **state)
+{
+    (void)state;
+    enum { UNITS = 3 };
+    tu_unit u[UNITS];
+    ctl_error err;
+    ctl_error_init(&err);
+    for (int i = 0; i < UNITS; i++)
+        assert_int_equal(tu_unit_start(&u[i], NULL, &err), 0);
+    ctl_client_options o;
+    ctl_client_options_init(&o);
+    o.idle_timeout_ms = 600000;
+    ctl_client *c = NULL;
+    assert_int_equal(ctl_client_new(&o, &c, &err), 0);
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < UNITS; i++) {
+            ctl_reply *reply = NULL;
+            assert_int_equal(
+                ctl_client_call(c, u[i].endpoint, "notes", NULL, 0, CALL_MS, &reply, &err), 0);
+            ctl_reply_destroy(&reply);
+        }
+    assert_int_equal(open_sockets(c), UNITS);
+    /* Several upkeep passes with nothing to read. */
+    tu_sleep_ms(600);
+    assert_int_equal(open_sockets(c), UNITS);
+    tu_unit_stop(&u[1]);
+    int64_t t0 = tu_now_ms();
+    while (open_sockets(c) > UNITS - 1 && tu_now_ms() - t0 < 10000)
+        tu_sleep_ms(20);
+    assert_int_equal(open_sockets(c), UNITS - 1);
+    ctl_client_stats st;
+    ctl_client_stats_get(c, &st);
+    assert_int_equal(st.sockets_closed, 1);
+    /* The others are still pooled: their next calls reuse them. */
+    for (int i = 0; i < UNITS; i += 2) {
+        ctl_reply *reply = NULL;
+        assert_int_equal(
+            ctl_client_call(c, u[i].endpoint, "notes", NULL, 0, CALL_MS, &reply, &err), 0);
+        ctl_reply_destroy(&reply);
+    }
+    ctl_client_stats_get(c, &st);
+    assert_int_equal(st.sockets_opened, UNITS);
+    ctl_client_destroy(&c);
+    tu_unit_stop(&u[0]);
+    tu_unit_stop(&u[2]);
+    ctl_error_fini(&err);
+}
+
 /* 64 calls in flight to one unit keep their 64 sockets pooled (more than
  * max_idle_per_address) instead of closing and redialing them. */
 static void test_burst_keeps_its_sockets(void **state)
@@ -289,6 +341,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idle_and_retired_closed_when_quiet),
+        cmocka_unit_test(test_idle_socket_closed_when_its_unit_goes),
         cmocka_unit_test(test_burst_keeps_its_sockets),
         cmocka_unit_test(test_churn),
     };
