@@ -811,6 +811,9 @@ static void hosts_stop(hosts *h)
 
 /* ---- case: fan-out ------------------------------------------------------ */
 
+/* How long the idle clients are watched after a size's rounds. */
+#define IDLE_MEASURE_MS 2000
+
 /* The bytes of a stats request as the ctlrpc client sends it ([op, id,
  * {}], 35 bytes: its ids are 12 hex digits, '@' and the deadline in
  * milliseconds of the wall clock, docs/PROTOCOL.md): what the bare fan-out
@@ -969,6 +972,7 @@ out:
 typedef struct fan_size {
     size_t n;
     fan_side ours, async, bare;
+    double idle_ms_per_s; /* this process's CPU while both clients idle */
 } fan_size;
 
 /* Open files and resident KiB of this process, after giving freed heap
@@ -1074,6 +1078,15 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
                  out->async.p50[r], out->bare.p50[r], out->ours.cpu[r], out->async.cpu[r],
                  out->bare.cpu[r]);
     }
+    /* Both clients idle, each holding a pooled socket an address: what
+     * their upkeep costs (the bare DEALERs cost nothing idle). */
+    if (rounds > 0) {
+        uint64_t c0 = cpu_ns_self(), t0 = now_ns();
+        struct timespec idle = {IDLE_MEASURE_MS / 1000, (IDLE_MEASURE_MS % 1000) * 1000000L};
+        nanosleep(&idle, NULL);
+        out->idle_ms_per_s = (double)(cpu_ns_self() - c0) / 1e6 /
+                             ((double)(now_ns() - t0) / 1e9);
+    }
     rc = 0;
 out:
     ctl_client_destroy(&a.client);
@@ -1141,18 +1154,21 @@ out:
     }
     printf("\n| servers | client CPU us/target | async us/target | bare us/target | ratio "
            "| async ratio | RSS KiB/address | bare KiB/address | open files/address "
-           "| bare files/address |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| bare files/address | idle CPU ms/s |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
-        printf("| %zu | %.2f | %.2f | %.2f | %.3fx | %.3fx | %.1f | %.1f | %.2f | %.2f |\n",
+        printf("| %zu | %.2f | %.2f | %.2f | %.3fx | %.3fx | %.1f | %.1f | %.2f | %.2f | %.2f |\n",
                s->n, bench_median(s->ours.cpu, R), bench_median(s->async.cpu, R),
                bench_median(s->bare.cpu, R), median_ratio(s->ours.cpu, s->bare.cpu, R),
                median_ratio(s->async.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
-               s->ours.fds, s->bare.fds);
+               s->ours.fds, s->bare.fds, s->idle_ms_per_s);
     }
-    printf("\n(per target = batch p50 / units; CPU = this process's user+system time over "
-           "the round / targets; RSS and files: a fresh client and context per size, before "
-           "and after its first batch)\n");
+    printf("\n(per target = batch p50 / units; the three sides take turns batch by batch; "
+           "CPU = this process's CPU time during a side's batches / targets; RSS and files: a "
+           "fresh client and context per size, before and after its first batch; idle CPU = "
+           "this process's CPU time a second over %d ms after the rounds, both clients idle "
+           "with their sockets pooled)\n", IDLE_MEASURE_MS);
     fflush(stdout);
     return rc;
 }
