@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import secrets
+import select
 import threading
 import time
 import types
@@ -106,11 +107,12 @@ class _Watch:
       closed by the peer: DISCONNECTED, CONNECT_RETRIED at once
       closed by this side (a message over MAXMSGSIZE): DISCONNECTED, no reconnect"""
 
-    __slots__ = ("mon", "fails", "fail", "hs_no_detail", "closed", "up", "after_drop",
+    __slots__ = ("mon", "fd", "fails", "fail", "hs_no_detail", "closed", "up", "after_drop",
                  "dropped_at", "broken", "broken_at", "verdict_event", "verdict_value", "lost")
 
     def __init__(self, mon: zmq.Socket[Any]) -> None:
         self.mon = mon
+        self.fd = cast(int, mon.getsockopt(zmq.FD))  # readable while commands wait for it
         self.fails = 0
         self.fail = ""
         self.hs_no_detail = False
@@ -123,6 +125,9 @@ class _Watch:
         self.verdict_event = 0
         self.verdict_value = 0
         self.lost = False  # was up, then dropped, and not up again since
+        # A pipe's reader starts awake: until a read finds it empty, the monitor's events do
+        # not make its descriptor readable (_Pool._monitors_waiting).
+        self.drain()
 
     def fold(self, ev: int, value: int) -> None:
         if ev == zmq.EVENT_CONNECT_DELAYED:
@@ -442,9 +447,10 @@ class _Pool:
         now = time.monotonic()
         if now - self.idle_drained >= IDLE_DRAIN_S:
             self.idle_drained = now
+            waiting = self._monitors_waiting()
             for address, e in self.entries.items():
                 if e.idle:
-                    self._sweep_idle(address, e, now)
+                    self._sweep_idle(address, e, now, waiting)
         for _ in range(len(self.retired)):
             sock, close_at, address = self.retired.popleft()
             late = 0
@@ -465,11 +471,29 @@ class _Pool:
             else:
                 self.retired.append((sock, close_at, address))
 
-    def _sweep_idle(self, address: str, e: _Entry, now: float) -> None:
+    def _monitors_waiting(self) -> Optional[Set[int]]:
+        """The descriptors of the idle sockets' monitors that have something to read, from one
+        poll(2) over them all, where asking each monitor costs a few system calls inside
+        libzmq even when it has nothing. A monitor is always read until it has nothing more
+        (_Watch.drain), after which its next event makes its descriptor readable. None when
+        the poll fails: then every monitor is read. Called with the lock held."""
+        poller = select.poll()
+        for e in self.entries.values():
+            for sock, _ in e.idle:
+                w = self.watches.get(sock)
+                if w is not None:
+                    poller.register(w.fd, select.POLLIN)
+        try:
+            return {fd for fd, _ in poller.poll(0)}
+        except OSError:
+            return None
+
+    def _sweep_idle(self, address: str, e: _Entry, now: float,
+                    waiting: Optional[Set[int]]) -> None:
         keep: List[Tuple[zmq.Socket[Any], float]] = []
         for sock, since in e.idle:
             w = self.watches.get(sock)
-            if w is not None:
+            if w is not None and (waiting is None or w.fd in waiting):
                 w.drain()
             if w is not None and w.gone():
                 self._close(address, sock, 0)  # nothing listens any more: nothing to deliver
