@@ -424,6 +424,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
             memset(&reqs[i], 0, sizeof reqs[i]);
         }
         call->flags = flags;
+        call->send_on_submit = 1; /* this thread waits anyway */
         rc = ctl_call_submit(call, &call, &err);
     }
     if (rc != 0) {

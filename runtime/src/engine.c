@@ -281,6 +281,43 @@ void ctl_call_release(ctl_call *call)
         call_unref(call);
 }
 
+/* Set up the requests of a submitted call. */
+static void rqs_setup(ctl_call *call)
+{
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_rq *rq = &call->rqs[i];
+        ctl_rq_init(rq, call->addresses[i], call->op, call->timeout_ms,
+                    &call->reqs[i], &call->replies[i], &call->outcomes[i].error);
+        rq->deadline_wall_ms = call->deadline_wall_ms;
+        rq->owner = call;
+        rq->flags = call->flags;
+        rq->deadline_ms = call->deadline_ms;
+    }
+}
+
+/* Send every request of `call` on the calling thread (send_on_submit).
+ * The sockets are lent to this thread until the I/O thread takes the call
+ * over: it ignores their signals meanwhile (no engine request on them) and
+ * reads each one as it adopts it (watch). A request that fails here is
+ * done, with its error, and its retries are the I/O thread's. */
+static void send_here(ctl_call *call)
+{
+    ctl_client *c = call->client;
+    rqs_setup(call);
+    for (size_t i = 0; i < call->count; i++) {
+        ctl_rq *rq = &call->rqs[i];
+        if (!rq->address) {
+            ctl_error_set(rq->err, CTL_INVALID,
+                          "%s_many: target #%zu has no address", call->op, i);
+            ctl_frame_fini(rq->req);
+            rq->done = 1;
+        } else {
+            ctl_rq_send(c, rq);
+        }
+    }
+    call->sent = 1;
+}
+
 /* Wake the I/O thread; called with the mutex held. */
 static void wake(ctl_engine *e)
 {
@@ -310,7 +347,14 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     if (out)
         *out = call;
     pthread_mutex_lock(&e->mu);
-    if (e->stopping) {
+    if (!e->stopping && call->send_on_submit && io_engine != e) {
+        /* A client is never destroyed while one of its blocking calls runs
+         * (ctl_client_destroy is not thread-safe): checked once, here. */
+        pthread_mutex_unlock(&e->mu);
+        send_here(call);
+        pthread_mutex_lock(&e->mu);
+    }
+    if (e->stopping && !call->sent) {
         pthread_mutex_unlock(&e->mu);
         ctl_client_unreserve(c, call->count);
         if (out)
@@ -632,29 +676,42 @@ static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
     ctl_client *c = e->client;
     int cancelled = atomic_load_explicit(&call->cancel, memory_order_acquire);
     call->left = call->count;
-    for (size_t i = 0; i < call->count; i++) {
-        ctl_rq *rq = &call->rqs[i];
-        ctl_rq_init(rq, call->addresses[i], call->op, call->timeout_ms,
-                    &call->reqs[i], &call->replies[i], &call->outcomes[i].error);
-        rq->deadline_wall_ms = call->deadline_wall_ms;
-        rq->owner = call;
-        rq->flags = call->flags;
-        rq->deadline_ms = call->deadline_ms;
-    }
+    if (!call->sent)
+        rqs_setup(call);
     call->timer.at = call->deadline_ms;
     call->timer.is_rq = 0;
     if (call->count == 0 || heap_push(e, &call->timer) != 0) {
-        for (size_t i = 0; i < call->count; i++)
+        for (size_t i = 0; i < call->count; i++) {
+            ctl_rq *rq = &call->rqs[i];
+            if (call->sent) {
+                /* Sent by the caller: a request still out ends here, its
+                 * socket retired as a timeout's; the others keep their
+                 * outcome. */
+                if (!rq->done)
+                    ctl_rq_fail(c, rq, CTL_CAUSE_NOMEM,
+                                "out of memory in the client's engine after "
+                                "it was sent (the unit may have run it)");
+                continue;
+            }
             ctl_error_transfer(&call->outcomes[i].error, CTL_CAUSE_NOMEM,
                                "%s at %s: out of memory", call->op,
                                call->addresses[i] ? call->addresses[i] : "?");
+        }
         end_call(e, call);
         return;
     }
     live_add(e, call);
     for (size_t i = 0; i < call->count; i++) {
         ctl_rq *rq = &call->rqs[i];
-        if (!rq->address) {
+        if (call->sent) {
+            /* Sent by the caller (send_here): watch it, or end the attempt
+             * that failed there (its retries go on here). */
+            if (!rq->address) {
+                rq_done(e, call);
+                continue;
+            }
+            watch(e, rq, rq->done ? -1 : 0);
+        } else if (!rq->address) {
             ctl_error_set(rq->err, CTL_INVALID,
                           "%s_many: target #%zu has no address", call->op, i);
             ctl_frame_fini(rq->req);

@@ -72,6 +72,12 @@ struct ctl_call {
     void *user;
     ctl_call_ext ext;
     ctl_call *next;     /* in the submission or the completion queue */
+    /* Set by the starter: ctl_call_submit sends the requests on the
+     * calling thread before it hands the call over (a blocking fan-out,
+     * whose caller waits anyway: no wake-up of the I/O thread stands
+     * between the caller and its first send). `sent`: they were. */
+    int send_on_submit;
+    int sent;
 };
 
 enum { CTL_CALL_STARTED, CTL_CALL_DONE, CTL_CALL_DELIVERED };
