@@ -295,6 +295,16 @@ static void rqs_setup(ctl_call *call)
     }
 }
 
+/* Request i of `call` has no address: it fails as CTL_INVALID, unsent. */
+static void rq_no_address(ctl_call *call, size_t i)
+{
+    ctl_rq *rq = &call->rqs[i];
+    ctl_error_set(rq->err, CTL_INVALID, "%s_many: target #%zu has no address",
+                  call->op, i);
+    ctl_frame_fini(rq->req);
+    rq->done = 1;
+}
+
 /* Send every request of `call` on the calling thread (send_on_submit).
  * The sockets are lent to this thread until the I/O thread takes the call
  * over: it ignores their signals meanwhile (no engine request on them) and
@@ -305,15 +315,10 @@ static void send_here(ctl_call *call)
     ctl_client *c = call->client;
     rqs_setup(call);
     for (size_t i = 0; i < call->count; i++) {
-        ctl_rq *rq = &call->rqs[i];
-        if (!rq->address) {
-            ctl_error_set(rq->err, CTL_INVALID,
-                          "%s_many: target #%zu has no address", call->op, i);
-            ctl_frame_fini(rq->req);
-            rq->done = 1;
-        } else {
-            ctl_rq_send(c, rq);
-        }
+        if (!call->rqs[i].address)
+            rq_no_address(call, i);
+        else
+            ctl_rq_send(c, &call->rqs[i]);
     }
     call->sent = 1;
 }
@@ -712,10 +717,7 @@ static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
             }
             watch(e, rq, rq->done ? -1 : 0);
         } else if (!rq->address) {
-            ctl_error_set(rq->err, CTL_INVALID,
-                          "%s_many: target #%zu has no address", call->op, i);
-            ctl_frame_fini(rq->req);
-            rq->done = 1;
+            rq_no_address(call, i);
             rq_done(e, call);
         } else if (cancelled || refuse_why) {
             ctl_frame_fini(rq->req);

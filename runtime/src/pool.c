@@ -266,12 +266,10 @@ static void mark_monitors(ctl_pool *p)
     size_t n = 0;
     for (unsigned b = 0; b < BUCKETS; b++)
         for (ctl_addr *e = p->buckets[b]; e; e = e->next)
-            for (unsigned i = 0; i < e->n_idle; i++)
+            for (unsigned i = 0; i < e->n_idle; i++) {
                 e->idle[i]->mon_ready = 1;
-    for (unsigned b = 0; b < BUCKETS; b++)
-        for (ctl_addr *e = p->buckets[b]; e; e = e->next)
-            for (unsigned i = 0; i < e->n_idle; i++)
                 n += e->idle[i]->mon_fd >= 0;
+            }
     if (n == 0)
         return;
     if (n > p->mon_fds_cap) {
@@ -491,14 +489,6 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         return NULL;
     }
     c->mon = watch(p, s);
-    size_t mon_fd_len = sizeof c->mon_fd;
-    if (c->mon && zmq_getsockopt(c->mon, ZMQ_FD, &c->mon_fd, &mon_fd_len) != 0)
-        c->mon_fd = -1;
-    c->mon_ready = 1;
-    /* A pipe's reader starts awake: until a read finds it empty, events
-     * written to it do not signal the monitor's ZMQ_FD (mark_monitors). */
-    if (c->mon)
-        drain_monitor(c);
     if (!c->mon) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                            "%s: cannot watch the connection (a socket "
@@ -507,6 +497,13 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
         free(c);
         return NULL;
     }
+    size_t mon_fd_len = sizeof c->mon_fd;
+    if (zmq_getsockopt(c->mon, ZMQ_FD, &c->mon_fd, &mon_fd_len) != 0)
+        c->mon_fd = -1;
+    c->mon_ready = 1;
+    /* A pipe's reader starts awake: until a read finds it empty, events
+     * written to it do not signal the monitor's ZMQ_FD (mark_monitors). */
+    drain_monitor(c);
     if (zmq_connect(s, address) != 0) {
         ctl_error_transfer(err, CTL_CAUSE_TRANSPORT, "%s: cannot connect: %s",
                            address, zmq_strerror(zmq_errno()));

@@ -19,11 +19,12 @@
  *            request's id, 64 to a child process served by one thread
  *            polling them all. Both sides meet identical servers, so the
  *            figures say what the client costs, and this process is the
- *            client alone: batch p50/p99 and
- *            per target, the client's CPU per target (getrusage of this
- *            process), and its memory and open files per address (VmRSS
- *            and /proc/self/fd, before and after the first batch, a fresh
- *            client and context for each size).
+ *            client alone. The three sides take turns batch by batch:
+ *            batch p50/p99 and per target, the client's CPU per target
+ *            (this process's CPU time during a side's batches), its memory
+ *            and open files per address (VmRSS and /proc/self/fd, before
+ *            and after the first batch, a fresh client and context for
+ *            each size), and its CPU a second while both clients idle.
  *   held     one unit (in this process: the storage service's handlers and
  *            store behind storage_serve) filled to 10 thousand, 1 million
  *            and, memory allowing, 10 million blobs of 8 bytes, straight
