@@ -5,7 +5,9 @@
  * typed result. They run one at a time on the server thread under the
  * unit's lock, so the store needs no locking of its own. Results of get
  * point straight at the blobs in memory (packed while the lock is still
- * held), so serving a blob copies it once, into the reply.
+ * held). A large blob is kept by holding its put request (no copy), and a
+ * get of it shares that hold with its reply (ctl_req_share), which then
+ * goes out of the held message itself: no copy either way.
  */
 #define _GNU_SOURCE
 #include "handlers.h"
@@ -84,6 +86,10 @@ static int on_get(void *ctx, const storage_get_args *a,
         store_blob *b = store_find(u->store, a->keys.items[i]);
         if (!b->spilled) {
             items[i] = (ctl_str){(const char *)b->data, b->size};
+            /* The last bin ends the reply: it may go from the held put
+             * request itself, without a copy. */
+            if (b->hold && i + 1 == a->keys.count)
+                ctl_req_share(req, b->hold);
             continue;
         }
         void *buf = ctl_req_alloc(req, b->size ? b->size : 1);

@@ -299,6 +299,21 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
     return 0;
 }
 
+/* Let go of the hold a handler shared (ctl_req_share). */
+static void drop_share(ctl_dispatch *d)
+{
+    if (d->share)
+        d->share->ops->unref(d->share);
+    d->share = NULL;
+}
+
+/* Rewind the reply: nothing packed, nothing carried by reference. */
+static void reply_clear(ctl_dispatch *d)
+{
+    msgpack_sbuffer_clear(&d->out);
+    ctl_seg_drop(&d->seg);
+}
+
 void ctl_dispatch_fini(ctl_dispatch *d)
 {
     if (!d->service)
@@ -306,6 +321,8 @@ void ctl_dispatch_fini(ctl_dispatch *d)
     if (d->lock == &d->own_lock)
         pthread_mutex_destroy(&d->own_lock);
     msgpack_zone_destroy(&d->zone);
+    ctl_seg_drop(&d->seg);
+    drop_share(d);
     msgpack_sbuffer_destroy(&d->out);
     free(d->by_name);
     free(d->ops);
@@ -320,24 +337,46 @@ void ctl_dispatch_fini(ctl_dispatch *d)
 static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
 {
     msgpack_packer pk;
-    msgpack_sbuffer_clear(&d->out);
+    reply_clear(d);
     msgpack_packer_init(&pk, &d->out, ctl_sbuffer_write);
     if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
         ctl_env_pack_error(&pk, err) != 0)
         msgpack_sbuffer_clear(&d->out);
 }
 
-/* The writer of a handler's reply: into `out`, never past
- * max_reply_bytes (so a reply over the bound costs at most that much
- * memory before it is refused). */
+/* The bytes of the reply so far. */
+static size_t reply_size(const ctl_dispatch *d)
+{
+    return d->out.size + d->seg.len;
+}
+
+/* The lender of `len` bytes at `buf` (a reference), when a reply may carry
+ * them by reference: the hold the handler shared, or a ctl_blob. */
+static ctl_lender *lender_of(ctl_dispatch *d, const char *buf, size_t len)
+{
+    if (!d->lend || len < CTL_BLOB_MIN)
+        return NULL;
+    uintptr_t b = (uintptr_t)buf, v = (uintptr_t)d->share_view.ptr;
+    if (d->share && b >= v && b - v <= d->share_view.len &&
+        len <= d->share_view.len - (b - v)) {
+        d->share->ops->ref(d->share);
+        return d->share;
+    }
+    return ctl_lender_find(buf, len);
+}
+
+/* The writer of a handler's reply: into `out` (a large bin of a shared
+ * hold or a blob by reference), never past max_reply_bytes (so a reply
+ * over the bound costs at most that much memory before it is refused). */
 static int bounded_write(void *data, const char *buf, size_t len)
 {
     ctl_dispatch *d = data;
-    if (d->out.size > d->max_reply_bytes || len > d->max_reply_bytes - d->out.size) {
+    size_t used = reply_size(d);
+    if (used > d->max_reply_bytes || len > d->max_reply_bytes - used) {
         d->reply_too_big = true;
         return -1;
     }
-    return ctl_sbuffer_write(&d->out, buf, len);
+    return ctl_seg_append(&d->out, &d->seg, lender_of(d, buf, len), buf, len);
 }
 
 /* The name of the kind `err` holds if the op's descriptor does not list
@@ -368,8 +407,8 @@ static const char *undeclared_kind(const ctl_op *op, const ctl_error *err)
 
 static ctl_verdict verdict(ctl_dispatch *d)
 {
-    d->reply_len = d->out.size;
-    return d->out.size ? CTL_DISPATCH_REPLY : CTL_DISPATCH_SILENT;
+    d->reply_len = reply_size(d);
+    return d->reply_len ? CTL_DISPATCH_REPLY : CTL_DISPATCH_SILENT;
 }
 
 /* Answer a request that never reached a handler with a Protocol error. */
@@ -484,7 +523,7 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     d->reply_len = 0;
     atomic_store_explicit(&d->in_flight, 1, memory_order_relaxed);
     bump(&d->counters.bytes_in, in->payload_len);
-    msgpack_sbuffer_clear(&d->out);
+    reply_clear(d);
     *delimited = in->frames == 3 && in->delimiter_len == 0;
     if (in->frames < 2 || in->frames > 3 || (in->frames == 3 && !*delimited)) {
         snprintf(why, sizeof why, "%zu frames (%s)", in->frames,
@@ -576,7 +615,7 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
             count_error(d, &req.err);
         }
         ctl_error_fini(&req.err);
-        msgpack_sbuffer_clear(&d->out);
+        reply_clear(d);
         return CTL_DISPATCH_SILENT;
     }
     if (d->reply_too_big) {
@@ -643,6 +682,8 @@ void ctl_dispatch_done(ctl_dispatch *d)
     }
     atomic_store_explicit(&d->in_flight, 0, memory_order_relaxed);
     msgpack_zone_clear(&d->zone);
+    ctl_seg_drop(&d->seg);
+    drop_share(d);
 }
 
 /* ---- the handler API ------------------------------------------------- */
@@ -660,7 +701,8 @@ msgpack_packer *ctl_req_packer(ctl_req *req)
 size_t ctl_req_reply_room(const ctl_req *req)
 {
     const ctl_dispatch *d = req->d;
-    return d->out.size < d->max_reply_bytes ? d->max_reply_bytes - d->out.size : 0;
+    size_t used = reply_size(d);
+    return used < d->max_reply_bytes ? d->max_reply_bytes - used : 0;
 }
 
 size_t ctl_req_max_reply(const ctl_req *req)
@@ -761,6 +803,7 @@ static ctl_hold *copy_hold(const char *bytes, size_t len)
         memcpy(copy, bytes, len);
     h->view = (ctl_str){copy, len};
     h->release = free_copy_hold;
+    h->lender = NULL;
     return h;
 }
 
@@ -776,6 +819,17 @@ ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view)
     if (in->hold)
         return in->hold(in->msg, off, view.len);
     return copy_hold((const char *)in->payload + off, view.len);
+}
+
+void ctl_req_share(ctl_req *req, const ctl_hold *hold)
+{
+    ctl_dispatch *d = req->d;
+    if (!hold || !hold->lender || !d->lend)
+        return;
+    drop_share(d);
+    hold->lender->ops->ref(hold->lender);
+    d->share = hold->lender;
+    d->share_view = hold->view;
 }
 
 ctl_str ctl_hold_view(const ctl_hold *hold)

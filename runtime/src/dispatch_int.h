@@ -33,6 +33,7 @@
 #include <msgpack.h>
 
 #include "ctlrpc/server.h"
+#include "lend_int.h"
 #include "log_int.h"
 
 /* A hold on bytes of a request (see ctl_req_hold). The transport that
@@ -40,6 +41,7 @@
 struct ctl_hold {
     ctl_str view;
     void (*release)(ctl_hold *hold);
+    ctl_lender *lender; /* a reply may carry the bytes by reference; or NULL */
 };
 
 /* One received message, as the transport lends it to the core. */
@@ -131,6 +133,15 @@ typedef struct ctl_dispatch {
     ctl_limits limits;
     msgpack_zone zone;
     msgpack_sbuffer out; /* the reply payload after CTL_DISPATCH_REPLY */
+    /* A large bin of the reply carried by reference (lend_int.h): only
+     * when the transport sends payloads with ctl_payload_take, which sets
+     * `lend` (else every byte is in `out`). `share` is the lender of the
+     * hold a handler named with ctl_req_share (a reference), `share_view`
+     * its bytes. */
+    bool lend;
+    ctl_seg seg;
+    ctl_lender *share;
+    ctl_str share_view;
     /* The largest reply payload (bytes) the unit packs; a handler's reply
      * that would be larger is refused with a Protocol error saying so, and
      * the buffer never grows past it. Set after init (default: the

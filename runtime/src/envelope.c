@@ -24,6 +24,7 @@ void ctl_frame_begin(ctl_frame *f, ctl_str op, size_t id_len)
 {
     msgpack_packer pk;
     msgpack_sbuffer_init(&f->sb);
+    f->seg = (ctl_seg){0};
     /* Without it, the first write tries msgpack's own first buffer. */
     if ((f->sb.data = malloc(FRAME_FIRST_ALLOC)) != NULL)
         f->sb.alloc = FRAME_FIRST_ALLOC;
@@ -41,9 +42,18 @@ void ctl_frame_begin(ctl_frame *f, ctl_str op, size_t id_len)
     }
 }
 
+/* The args' writer: a large bin inside a ctl_blob is carried by
+ * reference, everything else is appended. */
+static int frame_write(void *data, const char *buf, size_t len)
+{
+    ctl_frame *f = data;
+    ctl_lender *cand = len >= CTL_BLOB_MIN ? ctl_lender_find(buf, len) : NULL;
+    return ctl_seg_append(&f->sb, &f->seg, cand, buf, len);
+}
+
 void ctl_frame_packer(ctl_frame *f, msgpack_packer *pk)
 {
-    msgpack_packer_init(pk, &f->sb, ctl_sbuffer_write);
+    msgpack_packer_init(pk, f, frame_write);
 }
 
 void ctl_frame_packed(ctl_frame *f, int rc)
@@ -92,15 +102,19 @@ int ctl_env_id_deadline(ctl_str id, int64_t *deadline_ms)
     return 1;
 }
 
-char *ctl_frame_take(ctl_frame *f, size_t *size, size_t *cap)
+size_t ctl_frame_size(const ctl_frame *f)
 {
-    *size = f->sb.size;
-    *cap = f->sb.alloc;
-    return msgpack_sbuffer_release(&f->sb);
+    return f->sb.size + f->seg.len;
+}
+
+int ctl_frame_take(ctl_frame *f, ctl_payload *p)
+{
+    return f->failed ? -1 : ctl_payload_take(p, &f->sb, &f->seg);
 }
 
 void ctl_frame_fini(ctl_frame *f)
 {
+    ctl_seg_drop(&f->seg);
     ctl_bigbuf_give(f->sb.data, f->sb.alloc);
     msgpack_sbuffer_init(&f->sb);
 }

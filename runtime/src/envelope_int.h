@@ -26,6 +26,7 @@
 
 #include "ctlrpc/codec.h"
 #include "ctlrpc/error.h"
+#include "lend_int.h"
 
 /* Request ids this runtime makes: a unique part of 12 lowercase hex
  * digits (the reference design's whole id), then '@' and the call's
@@ -57,6 +58,7 @@ int ctl_env_id_deadline(ctl_str id, int64_t *deadline_ms);
  */
 typedef struct ctl_frame {
     msgpack_sbuffer sb; /* the frame so far */
+    ctl_seg seg;        /* a large bin carried by reference (lend_int.h) */
     size_t id_off;      /* where the id's bytes go */
     size_t id_len;      /* the id's length, fixed by begin */
     bool failed;        /* packing ran out of memory */
@@ -77,9 +79,13 @@ void ctl_frame_args(ctl_frame *f, const void *args, size_t args_len);
 /* Write the id (exactly id_len bytes) into its room. */
 void ctl_frame_set_id(ctl_frame *f, ctl_str id);
 
-/* Take the packed bytes (malloc'd; the caller frees them, or hands them to
- * ZeroMQ) and their size; the frame is left empty. */
-char *ctl_frame_take(ctl_frame *f, size_t *size, size_t *cap);
+/* The frame's size so far, the bytes carried by reference included. */
+size_t ctl_frame_size(const ctl_frame *f);
+
+/* Take the packed bytes as one payload for ZeroMQ (ctl_payload_take: a
+ * large bin from a ctl_blob is not copied). Returns 0, or -1 when out of
+ * memory. Release the frame with ctl_frame_fini either way. */
+int ctl_frame_take(ctl_frame *f, ctl_payload *p);
 
 /* Release a frame that was not taken. Safe to call twice. */
 void ctl_frame_fini(ctl_frame *f);

@@ -16,8 +16,6 @@
 
 #include <zmq.h>
 
-#include "bigbuf_int.h"
-
 #define LEDGER_BUCKETS 256
 
 typedef struct ledger_entry {
@@ -39,7 +37,8 @@ typedef struct ledger_charge {
     ctl_ledger *l;
     ledger_entry *e;
     size_t size;
-    size_t cap; /* the buffer's, for the kept large buffers */
+    void (*free)(void *data, void *hint); /* the payload's own */
+    void *hint;
 } ledger_charge;
 
 ctl_ledger *ctl_ledger_new(void)
@@ -105,7 +104,7 @@ static void release_charge(void *data, void *hint)
 {
     ledger_charge *c = hint;
     ctl_ledger *l = c->l;
-    ctl_bigbuf_give(data, c->cap);
+    c->free(data, c->hint);
     pthread_mutex_lock(&l->mu);
     ledger_entry *e = c->e;
     e->bytes -= c->size;
@@ -118,12 +117,14 @@ static void release_charge(void *data, void *hint)
     unref_unlock(l);
 }
 
-int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, char *data,
-                    size_t size, size_t cap, int flags)
+int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock,
+                    const ctl_payload *p, int flags)
 {
+    char *data = p->data;
+    size_t size = p->size;
     ledger_charge *c = malloc(sizeof *c);
     if (!c) {
-        ctl_bigbuf_give(data, cap);
+        p->free(data, p->hint);
         errno = ENOMEM;
         return -1;
     }
@@ -138,14 +139,14 @@ int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, ch
     if (!e) {
         pthread_mutex_unlock(&l->mu);
         free(c);
-        ctl_bigbuf_give(data, cap);
+        p->free(data, p->hint);
         errno = ENOMEM;
         return -1;
     }
     e->bytes += size;
     e->replies++;
     l->refs++;
-    *c = (ledger_charge){l, e, size, cap};
+    *c = (ledger_charge){l, e, size, p->free, p->hint};
     pthread_mutex_unlock(&l->mu);
 
     zmq_msg_t m;

@@ -25,6 +25,8 @@
 
 #include <stddef.h>
 
+#include "lend_int.h"
+
 typedef struct ctl_ledger ctl_ledger;
 
 /* A new, empty ledger, or NULL when out of memory. */
@@ -39,13 +41,12 @@ void ctl_ledger_release(ctl_ledger *l);
 size_t ctl_ledger_unread(ctl_ledger *l, const void *id, size_t id_len);
 
 /*
- * Send `data` (malloc'd, `size` bytes of a buffer of `cap`; ownership
- * passes in every case) as the last frame of a message on `sock` without a
- * copy, charged to `id` until ZeroMQ is done with it (then it goes back to
- * the kept large buffers, bigbuf_int.h, or is freed). Returns 0, or -1
- * (zmq_errno() says why; the buffer is let go and nothing stays charged).
+ * Send the payload `p` (taken over in every case) as the last frame of a
+ * message on `sock` without a copy, charged to `id` until ZeroMQ is done
+ * with it (then p->free lets it go). Returns 0, or -1 (zmq_errno() says
+ * why; the payload is let go and nothing stays charged).
  */
-int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock, char *data,
-                    size_t size, size_t cap, int flags);
+int ctl_ledger_send(ctl_ledger *l, const void *id, size_t id_len, void *sock,
+                    const ctl_payload *p, int flags);
 
 #endif

@@ -106,7 +106,8 @@ int ctl_client_refuse(ctl_client *c, const ctl_frame *req,
                                   "%s at %s: out of memory packing the "
                                   "request", op, address);
     size_t limit = c->opts.limits.max_msg_bytes;
-    if (req->sb.size <= limit && timeout_ms != 0)
+    size_t size = ctl_frame_size(req);
+    if (size <= limit && timeout_ms != 0)
         return 0;
     /* The address must be usable before anything else is said of it. */
     if (!(*addr = ctl_pool_addr(c->pool, address, err)))
@@ -120,7 +121,7 @@ int ctl_client_refuse(ctl_client *c, const ctl_frame *req,
     ctl_error_transfer(err, CTL_CAUSE_TOO_LARGE,
                        "%s at %s: the request is %zu bytes, larger than this "
                        "client's limit of %zu bytes (limits.max_msg_bytes); "
-                       "not sent", op, address, req->sb.size, limit);
+                       "not sent", op, address, size, limit);
     ctl_client_log_limited(c, CTL_CAUSE_TOO_LARGE,
                            err && err->msg ? err->msg
                                            : "a request over the size limit was not sent");
@@ -201,9 +202,10 @@ int ctl_rq_send(ctl_client *c, ctl_rq *p)
         ctl_client_new_id(c, p->deadline_wall_ms, p->id);
         ctl_frame_set_id(req, (ctl_str){p->id, CTL_ID_LEN});
     }
-    size_t size, cap;
-    char *data = ctl_frame_take(req, &size, &cap);
-    if (ctl_send_prepare(&p->out, data, size, cap) != 0) {
+    ctl_payload payload;
+    rc = ctl_frame_take(req, &payload);
+    ctl_frame_fini(req);
+    if (rc != 0 || ctl_send_prepare(&p->out, &payload) != 0) {
         ctl_error_transfer(err, CTL_CAUSE_NOMEM, "%s at %s: out of memory",
                            p->op, p->address);
         ctl_pool_retire(c->pool, p->conn);

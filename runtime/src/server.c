@@ -133,32 +133,96 @@ void ctl_server_options_init(ctl_server_options *opts)
 
 typedef struct msg_hold {
     ctl_hold base;
+    ctl_lender lender;  /* a reply may carry the held bytes (ctl_req_share) */
+    atomic_size_t refs; /* the holder's, replies', the serving thread's */
+    /* The hold is the only one made on its message, whose other bytes
+     * (the request's head) nobody reads any more once it is served: a
+     * reply may use them as room. Set by the serving thread after. */
+    atomic_bool sole;
     zmq_msg_t msg; /* a reference to the request's payload */
 } msg_hold;
 
+/* The message being served, as ctl_inbound.msg: the holds made on it. */
+typedef struct held_msg {
+    zmq_msg_t *msg;
+    msg_hold *last; /* the last hold made (a reference), or NULL */
+    size_t holds;
+} held_msg;
+
+static msg_hold *hold_of(ctl_lender *l)
+{
+    return (msg_hold *)((char *)l - offsetof(msg_hold, lender));
+}
+
+static void hold_ref(ctl_lender *l)
+{
+    atomic_fetch_add_explicit(&hold_of(l)->refs, 1, memory_order_relaxed);
+}
+
+static void hold_unref(ctl_lender *l)
+{
+    msg_hold *m = hold_of(l);
+    if (atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) {
+        zmq_msg_close(&m->msg);
+        free(m);
+    }
+}
+
+static void hold_room(const ctl_lender *l, const char *ptr, size_t len, size_t *head,
+                      size_t *tail)
+{
+    msg_hold *m = hold_of((ctl_lender *)l);
+    *head = *tail = 0;
+    if (!atomic_load_explicit(&m->sole, memory_order_acquire))
+        return;
+    const char *start = zmq_msg_data(&m->msg);
+    *head = (size_t)(ptr - start);
+    *tail = (size_t)(start + zmq_msg_size(&m->msg) - (ptr + len));
+}
+
+static const ctl_lender_ops hold_ops = {hold_ref, hold_unref, hold_room};
+
 static void release_msg_hold(ctl_hold *h)
 {
-    msg_hold *m = (msg_hold *)h;
-    zmq_msg_close(&m->msg);
-    free(m);
+    hold_unref(((msg_hold *)h)->base.lender);
 }
 
 /* A copy of a zmq_msg_t shares a large message's bytes by reference count;
  * only a message small enough to live inside zmq_msg_t is copied. */
-static ctl_hold *hold_msg(void *msg, size_t off, size_t len)
+static ctl_hold *hold_msg(void *arg, size_t off, size_t len)
 {
+    held_msg *hm = arg;
     msg_hold *h = malloc(sizeof *h);
     if (!h)
         return NULL;
     zmq_msg_init(&h->msg);
-    if (zmq_msg_copy(&h->msg, msg) != 0) {
+    if (zmq_msg_copy(&h->msg, hm->msg) != 0) {
         zmq_msg_close(&h->msg);
         free(h);
         return NULL;
     }
+    ctl_lender_init(&h->lender, &hold_ops);
+    atomic_init(&h->refs, 2); /* the holder's and the serving thread's */
+    atomic_init(&h->sole, false);
     h->base.view = (ctl_str){(const char *)zmq_msg_data(&h->msg) + off, len};
     h->base.release = release_msg_hold;
+    h->base.lender = &h->lender;
+    if (hm->last)
+        hold_unref(&hm->last->lender);
+    hm->last = h;
+    hm->holds++;
     return &h->base;
+}
+
+/* The message has been served: a hold alone on it may lend its room. */
+static void held_msg_done(held_msg *hm)
+{
+    if (!hm->last)
+        return;
+    if (hm->holds == 1)
+        atomic_store_explicit(&hm->last->sole, true, memory_order_release);
+    hold_unref(&hm->last->lender);
+    hm->last = NULL;
 }
 
 /* ---- serving -------------------------------------------------------- */
@@ -177,10 +241,10 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
     if (ok && delimited)
         ok = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
     if (ok) {
-        if (out->size >= ZERO_COPY_MIN) {
-            size_t size = out->size, cap = out->alloc;
-            ok = ctl_ledger_send(s->ledger, id, id_len, s->router,
-                                 msgpack_sbuffer_release(out), size, cap, ZMQ_DONTWAIT) == 0;
+        ctl_payload p;
+        if (s->core.reply_len >= ZERO_COPY_MIN) {
+            ok = ctl_payload_take(&p, out, &s->core.seg) == 0 &&
+                 ctl_ledger_send(s->ledger, id, id_len, s->router, &p, ZMQ_DONTWAIT) == 0;
         } else {
             ok = zmq_send(s->router, out->data, out->size, ZMQ_DONTWAIT) >= 0;
         }
@@ -210,13 +274,14 @@ static int serve_one(ctl_server *s, int flags)
     if (n < 0)
         return -1;
     int kept = n < 3 ? n : 3;
+    held_msg hm = {.msg = &frames[kept - 1]};
     ctl_inbound in = {
         .frames = (size_t)n,
         .delimiter_len = n == 3 ? zmq_msg_size(&frames[1]) : 0,
         .payload = n >= 2 ? zmq_msg_data(&frames[kept - 1]) : NULL,
         .payload_len = n >= 2 ? zmq_msg_size(&frames[kept - 1]) : 0,
         .hold = hold_msg,
-        .msg = &frames[kept - 1],
+        .msg = &hm,
     };
     if (n >= 2)
         in.unread_reply_bytes = ctl_ledger_unread(s->ledger, zmq_msg_data(&frames[0]),
@@ -226,6 +291,7 @@ static int serve_one(ctl_server *s, int flags)
         send_reply(s, &frames[0], delimited);
     ctl_dispatch_done(&s->core);
     ctl_frames_close(frames, kept);
+    held_msg_done(&hm);
     return 0;
 }
 
@@ -854,6 +920,7 @@ int ctl_server_new(const ctl_service *service, void *user,
         free_server(s);
         return rc;
     }
+    s->core.lend = true; /* send_reply sends the reply with ctl_payload_take */
     if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         s->wake[0] = s->wake[1] = -1;
         free_server(s);

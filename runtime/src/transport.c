@@ -6,8 +6,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "bigbuf_int.h"
-
 int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags)
 {
     int n = 0, more = 1;
@@ -36,22 +34,10 @@ void ctl_frames_close(zmq_msg_t *frames, int n)
         zmq_msg_close(&frames[i]);
 }
 
-int ctl_send_prepare(zmq_msg_t *m, char *data, size_t size, size_t cap)
+int ctl_send_prepare(zmq_msg_t *m, const ctl_payload *p)
 {
-    if (zmq_msg_init_data(m, data, size, ctl_bigbuf_free, (void *)(uintptr_t)cap) != 0) {
-        ctl_bigbuf_give(data, cap);
-        return -1;
-    }
-    return 0;
-}
-
-int ctl_send_owned(void *sock, char *data, size_t size, size_t cap, int flags)
-{
-    zmq_msg_t m;
-    if (ctl_send_prepare(&m, data, size, cap) != 0)
-        return -1;
-    if (zmq_msg_send(&m, sock, flags) < 0) {
-        zmq_msg_close(&m);
+    if (zmq_msg_init_data(m, p->data, p->size, p->free, p->hint) != 0) {
+        p->free(p->data, p->hint);
         return -1;
     }
     return 0;

@@ -1361,17 +1361,20 @@ static int copy_count_child(void)
     int rc = 1;
     size_t max = blob_sizes[n_blob_sizes - 1];
     unsigned char *data = blob_data(max);
+    /* The put sends from a ctl_blob, as the blobs case's stubs do. */
+    ctl_blob *blob = data ? ctl_blob_new(max) : NULL;
     ctl_error_init(&err);
     bench_cc_init();
     if (!bench_cc.begin) {
         fprintf(stderr, "ctl-bench: the copy-counting shim is not loaded\n");
         goto out;
     }
-    if (!data || bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0 ||
+    if (!blob || bench_unit_start((uint64_t)1 << 30, &unit, why, sizeof why) != 0 ||
         bench_echo_start(&echo, why, sizeof why) != 0) {
-        fprintf(stderr, "ctl-bench: %s\n", data ? why : "out of memory");
+        fprintf(stderr, "ctl-bench: %s\n", blob ? why : "out of memory");
         goto out;
     }
+    memcpy(ctl_blob_data(blob), data, max);
     if (ctl_client_new(NULL, &client, &err) != 0 || !(ectx = zmq_ctx_new()) ||
         !(sock = echo_dial(ectx, bench_echo_endpoint(echo))))
         goto out;
@@ -1379,12 +1382,12 @@ static int copy_count_child(void)
         size_t size = blob_sizes[k];
         const char *address = bench_unit_endpoint(unit);
         cc_result res[3];
-        if (put_blob(client, address, BLOB_KEY, data, size) != 0 ||
+        if (put_blob(client, address, BLOB_KEY, ctl_blob_data(blob), size) != 0 ||
             get_blob(client, address, BLOB_KEY, size) != 0 ||
             echo_round_trip(sock, data, size, 1) != 0)
             goto out;
         bench_cc.begin(size / 2, &cfg);
-        int bad = put_blob(client, address, BLOB_KEY, data, size);
+        int bad = put_blob(client, address, BLOB_KEY, ctl_blob_data(blob), size);
         bench_cc.end(&res[0]);
         bench_cc.begin(size / 2, &cfg);
         bad |= get_blob(client, address, BLOB_KEY, size);
@@ -1412,6 +1415,7 @@ out:
     bench_unit_stop(&unit);
     bench_echo_stop(&echo);
     ctl_error_fini(&err);
+    ctl_blob_release(&blob);
     free(data);
     fflush(stdout);
     return rc;
@@ -1622,10 +1626,14 @@ static int case_blobs(void)
     int rc = -1;
     size_t max = blob_sizes[n_blob_sizes - 1];
     unsigned char *data = blob_data(max);
+    /* The stubs send from a ctl_blob (no copy), as the bare side sends
+     * from its buffer; a 4th side sends the same bytes from a plain
+     * buffer (copied into the request). */
+    ctl_blob *blob = data ? ctl_blob_new(max) : NULL;
     ctl_error_init(&err);
-    group("large blobs: put then get (baseline: echo of a message that size; "
-          "2nd row: bare ZeroMQ put+get)");
-    if (!data) {
+    group("large blobs: put then get from a ctl_blob (baseline: echo of a message that "
+          "size; 2nd row: bare ZeroMQ put+get; 3rd: the stubs from a plain buffer)");
+    if (!blob) {
         bench_fail("out of memory");
         goto out;
     }
@@ -1647,25 +1655,29 @@ static int case_blobs(void)
         goto out;
     }
     ec.buf = bp.buf = data;
+    memcpy(ctl_blob_data(blob), data, max);
     for (size_t k = 0; k < n_blob_sizes; k++) {
         size_t size = blob_sizes[k];
-        blob_call bc = {client, bench_unit_endpoint(unit), data, size};
+        blob_call bc = {client, bench_unit_endpoint(unit), ctl_blob_data(blob), size};
+        blob_call plain = {client, bench_unit_endpoint(unit), data, size};
         size_t cycles = cfg.blob_budget / size;
-        /* Side 0: the stubs, 1: the echo, 2: bare put/get. */
-        call_fn fns[3] = {call_put_get, call_echo, call_bare_put_get};
-        void *args[3] = {&bc, &ec, &bp};
-        double mbs[3][BENCH_MAX_ROUNDS], faults[3][BENCH_MAX_ROUNDS];
-        double user_ms[3][BENCH_MAX_ROUNDS], sys_ms[3][BENCH_MAX_ROUNDS];
+        /* Side 0: the stubs from the blob, 1: the echo, 2: bare put/get,
+         * 3: the stubs from a plain buffer. */
+        enum { SIDES = 4 };
+        call_fn fns[SIDES] = {call_put_get, call_echo, call_bare_put_get, call_put_get};
+        void *args[SIDES] = {&bc, &ec, &bp, &plain};
+        double mbs[SIDES][BENCH_MAX_ROUNDS], faults[SIDES][BENCH_MAX_ROUNDS];
+        double user_ms[SIDES][BENCH_MAX_ROUNDS], sys_ms[SIDES][BENCH_MAX_ROUNDS];
         char label[40], sz[24];
         if (cycles < 4)
             cycles = 4;
         ec.len = bp.size = size;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < SIDES; i++)
             if (warm(fns[i], args[i], 2) != 0)
                 goto out;
         for (int r = 0; r < cfg.rounds; r++) {
-            for (int i = 0; i < 3; i++) {
-                int side = (r + i) % 3; /* who goes first rotates */
+            for (int i = 0; i < SIDES; i++) {
+                int side = (r + i) % SIDES; /* who goes first rotates */
                 struct rusage ru0, ru1;
                 getrusage(RUSAGE_SELF, &ru0);
                 double t0 = now_s();
@@ -1682,23 +1694,26 @@ static int case_blobs(void)
                 user_ms[side][r] = tv_ms(&ru1.ru_utime, &ru0.ru_utime) / (double)cycles;
                 sys_ms[side][r] = tv_ms(&ru1.ru_stime, &ru0.ru_stime) / (double)cycles;
             }
-            bench_progress("blobs %s: round %d/%d: %.0f vs echo %.0f vs bare put/get %.0f MB/s",
-                     size_name(size, sz, sizeof sz), r + 1, cfg.rounds, mbs[0][r],
-                     mbs[1][r], mbs[2][r]);
+            bench_progress("blobs %s: round %d/%d: %.0f vs echo %.0f vs bare put/get %.0f "
+                           "MB/s (from a plain buffer %.0f)",
+                           size_name(size, sz, sizeof sz), r + 1, cfg.rounds, mbs[0][r],
+                           mbs[1][r], mbs[2][r], mbs[3][r]);
         }
         snprintf(label, sizeof label, "%s", size_name(size, sz, sizeof sz));
         add_row(label, "MB/s", 0, mbs[0], mbs[1], cfg.rounds,
                 size >= (1u << 20) ? T_GE : T_NONE, 0.85);
         add_row(label, "MB/s vs put+get", 0, mbs[0], mbs[2], cfg.rounds,
                 size >= (1u << 20) ? T_GE : T_NONE, 0.85);
+        add_row(label, "MB/s plain buf vs put+get", 0, mbs[3], mbs[2], cfg.rounds, T_NONE, 0);
         note("blobs %-7s per op, whole process (client and server): CPU ms user+sys: "
-             "stubs %.2f+%.2f, echo %.2f+%.2f, bare put+get %.2f+%.2f; page faults: "
-             "%.2f, %.2f, %.2f", sz,
+             "stubs %.2f+%.2f, echo %.2f+%.2f, bare put+get %.2f+%.2f, stubs from a plain "
+             "buffer %.2f+%.2f; page faults: %.2f, %.2f, %.2f, %.2f", sz,
              bench_median(user_ms[0], cfg.rounds), bench_median(sys_ms[0], cfg.rounds),
              bench_median(user_ms[1], cfg.rounds), bench_median(sys_ms[1], cfg.rounds),
              bench_median(user_ms[2], cfg.rounds), bench_median(sys_ms[2], cfg.rounds),
+             bench_median(user_ms[3], cfg.rounds), bench_median(sys_ms[3], cfg.rounds),
              bench_median(faults[0], cfg.rounds), bench_median(faults[1], cfg.rounds),
-             bench_median(faults[2], cfg.rounds));
+             bench_median(faults[2], cfg.rounds), bench_median(faults[3], cfg.rounds));
     }
     note("blobs: the echo moves the payload up and back in one round trip, put+get in two "
          "(and the stubs' ones carry the envelope); 'vs put+get' is the same two round trips "
@@ -1718,6 +1733,7 @@ out:
     bench_echo_stop(&echo);
     bench_echo_stop(&keeper);
     ctl_error_fini(&err);
+    ctl_blob_release(&blob);
     free(data);
     if (rc == 0) {
 #ifdef CTL_BENCH_COPYCOUNT_SO

@@ -952,6 +952,147 @@ static void test_hold_outlives_the_request(void **state)
     ctl_error_fini(&err);
 }
 
+/* ---- replies that carry held bytes or a blob without a copy ---------- */
+
+typedef struct sharer {
+    ctl_hold *a, *b; /* the two bins of one keep2 request */
+    ctl_blob *blob;
+} sharer;
+
+static int op_keep2(void *user, const msgpack_object *args, ctl_req *req)
+{
+    sharer *sh = user;
+    ctl_str a, b;
+    if (!ctl_obj_bin(ctl_obj_get(args, "a"), &a) || !ctl_obj_bin(ctl_obj_get(args, "b"), &b))
+        return ctl_req_fail(req, CTL_PROTOCOL, "keep2: need bins 'a' and 'b'");
+    ctl_hold_release(&sh->a);
+    ctl_hold_release(&sh->b);
+    sh->a = ctl_req_hold(req, a);
+    sh->b = ctl_req_hold(req, b);
+    return sh->a && sh->b ? 0 : ctl_req_fail(req, CTL_PROTOCOL, "keep2: out of memory");
+}
+
+/* Answer with the bytes of hold a or b, shared with the reply. */
+static int op_give(void *user, const msgpack_object *args, ctl_req *req)
+{
+    sharer *sh = user;
+    ctl_str which;
+    if (!ctl_obj_str(ctl_obj_get(args, "which"), &which) || which.len != 1)
+        return ctl_req_fail(req, CTL_PROTOCOL, "give: need 'which'");
+    ctl_hold *h = which.ptr[0] == 'a' ? sh->a : sh->b;
+    if (!h)
+        return ctl_req_fail(req, CTL_PROTOCOL, "give: nothing held");
+    ctl_req_share(req, h);
+    return ctl_pack_bin(ctl_req_packer(req), ctl_hold_view(h));
+}
+
+/* Answer with the whole blob, then a short string after it in an array. */
+static int op_blob(void *user, const msgpack_object *args, ctl_req *req)
+{
+    sharer *sh = user;
+    msgpack_packer *pk = ctl_req_packer(req);
+    (void)args;
+    return msgpack_pack_array(pk, 2) || ctl_pack_bin(pk, ctl_blob_bin(sh->blob, 0, SIZE_MAX)) ||
+                   ctl_pack_cstr(pk, "after")
+               ? -1
+               : 0;
+}
+
+static void call_bin(ctl_client *c, const char *address, const char *op, const char *which,
+                     const unsigned char *want, size_t len)
+{
+    tu_buf args;
+    ctl_error err;
+    ctl_reply *reply = NULL;
+    ctl_str got;
+    ctl_error_init(&err);
+    tu_buf_init(&args);
+    msgpack_pack_map(&args.pk, which ? 1 : 0);
+    if (which) {
+        tu_pk_str(&args.pk, "which");
+        tu_pk_str(&args.pk, which);
+    }
+    int rc = ctl_client_call(c, address, op, args.sb.data, args.sb.size, 5000, &reply, &err);
+    if (rc != 0)
+        fail_msg("%s: %s", op, err.msg);
+    const msgpack_object *r = ctl_reply_result(reply);
+    if (!which) {
+        assert_int_equal(r->type, MSGPACK_OBJECT_ARRAY);
+        assert_int_equal(r->via.array.size, 2);
+        ctl_str after;
+        assert_true(ctl_obj_str(&r->via.array.ptr[1], &after));
+        assert_int_equal(after.len, 5);
+        assert_memory_equal(after.ptr, "after", 5);
+        r = &r->via.array.ptr[0];
+    }
+    assert_true(ctl_obj_bin(r, &got));
+    assert_int_equal(got.len, len);
+    assert_memory_equal(got.ptr, want, len);
+    ctl_reply_destroy(&reply);
+    tu_buf_fini(&args);
+    ctl_error_fini(&err);
+}
+
+/* A reply that shares a hold carries its bytes; one of two holds on the
+ * same request has no room to lend (the other one's bytes lie before
+ * it), so both read back intact, over and over. A handler that answers
+ * with a blob's bytes, and more after them, sends them too. */
+static void test_reply_shares_hold_and_blob(void **state)
+{
+    (void)state;
+    static const ctl_op ops[] = {{.name = "blob", .handler = op_blob},
+                                 {.name = "give", .handler = op_give},
+                                 {.name = "keep2", .handler = op_keep2}};
+    const ctl_service svc = {.name = "sharer", .ops = ops, .op_count = 3};
+    sharer sh = {NULL, NULL, NULL};
+    ctl_server_options so;
+    ctl_server *s = NULL;
+    ctl_client *c = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    ctl_server_options_init(&so);
+    so.endpoint = "tcp://127.0.0.1:*";
+    size_t size = (size_t)1 << 20;
+    unsigned char *a = malloc(size), *b = malloc(size);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t j = 0; j < size; j++) {
+        a[j] = (unsigned char)(j * 7);
+        b[j] = (unsigned char)(j * 13 + 1);
+    }
+    assert_non_null(sh.blob = ctl_blob_new(size));
+    memcpy(ctl_blob_data(sh.blob), b, size);
+    assert_int_equal(ctl_server_new(&svc, &sh, &so, &s, &err), 0);
+    assert_int_equal(ctl_client_new(NULL, &c, &err), 0);
+    const char *address = ctl_server_endpoint(s);
+
+    tu_buf args;
+    tu_buf_init(&args);
+    msgpack_pack_map(&args.pk, 2);
+    tu_pk_str(&args.pk, "a");
+    msgpack_pack_bin_with_body(&args.pk, a, size);
+    tu_pk_str(&args.pk, "b");
+    msgpack_pack_bin_with_body(&args.pk, b, size);
+    ctl_reply *reply = NULL;
+    assert_int_equal(ctl_client_call(c, address, "keep2", args.sb.data, args.sb.size, 5000,
+                                     &reply, &err), 0);
+    ctl_reply_destroy(&reply);
+    tu_buf_fini(&args);
+    for (int i = 0; i < 3; i++) {
+        call_bin(c, address, "give", "b", b, size);
+        call_bin(c, address, "give", "a", a, size);
+        call_bin(c, address, "blob", NULL, b, size);
+    }
+    ctl_server_destroy(&s);
+    ctl_hold_release(&sh.a);
+    ctl_hold_release(&sh.b);
+    ctl_blob_release(&sh.blob);
+    ctl_client_destroy(&c);
+    ctl_error_fini(&err);
+    free(a);
+    free(b);
+}
+
 typedef struct bg_call {
     const char *address;
     int sleep_ms;
@@ -1110,6 +1251,7 @@ int main(void)
         T(test_close_while_call_in_flight),
         T(test_stats_count_sends),
         T(test_hold_outlives_the_request),
+        T(test_reply_shares_hold_and_blob),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

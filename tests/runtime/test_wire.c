@@ -27,18 +27,16 @@ static int pack_request(msgpack_sbuffer *sb, ctl_str op, ctl_str id,
                         const void *args, size_t args_len)
 {
     ctl_frame fr;
-    size_t size;
+    ctl_payload p;
     ctl_frame_begin(&fr, op, id.len);
     ctl_frame_args(&fr, args, args_len);
     ctl_frame_set_id(&fr, id);
-    if (fr.failed) {
-        ctl_frame_fini(&fr);
+    int rc = ctl_frame_take(&fr, &p);
+    ctl_frame_fini(&fr);
+    if (rc != 0)
         return -1;
-    }
-    size_t cap;
-    char *bytes = ctl_frame_take(&fr, &size, &cap);
-    int rc = msgpack_sbuffer_write(sb, bytes, size);
-    free(bytes);
+    rc = msgpack_sbuffer_write(sb, p.data, p.size);
+    p.free(p.data, p.hint);
     return rc ? -1 : 0;
 }
 

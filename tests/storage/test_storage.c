@@ -1854,6 +1854,179 @@ static void test_timeout_frozen_unit(void **state)
     get_expect(f, k, 1, want);
 }
 
+/* ---- ctl_blob: bins sent without a copy ------------------------------ */
+
+/* What an asynchronous call left for its test: the outcome, and for a get
+ * whether its one bin equals `want`. */
+typedef struct blob_done {
+    int calls;          /* completions seen */
+    int kind;           /* the last one's error kind */
+    ctl_cause cause;
+    bool equal;         /* a get's bin matched `want` */
+    ctl_str want;
+} blob_done;
+
+static void on_blob_put(void *user, const ctl_error *err, const uint64_t *result)
+{
+    blob_done *d = user;
+    d->calls++;
+    d->kind = err->kind;
+    d->cause = err->cause;
+    d->equal = result && *result == d->want.len;
+}
+
+static void on_blob_get(void *user, const ctl_error *err, const storage_list_bin *result)
+{
+    blob_done *d = user;
+    d->calls++;
+    d->kind = err->kind;
+    d->cause = err->cause;
+    d->equal = result && result->count == 1 && result->items[0].len == d->want.len &&
+               memcmp(result->items[0].ptr, d->want.ptr, d->want.len) == 0;
+}
+
+/* Wait (up to `ms`) for the call, then run its completion. */
+static void blob_wait(ctl_client *client, ctl_call *call, int ms)
+{
+    assert_int_equal(ctl_call_wait(call, ms), 0);
+    assert_true(ctl_client_process(client, 0) >= 1);
+    ctl_call_release(call);
+}
+
+/* Puts from a ctl_blob (the whole blob, sent without a copy; a range of
+ * it at an odd offset and its first bytes, which the put's `pin` follows:
+ * copied, since the room must not cover the caller's bytes around them;
+ * the blob's bytes left as they were), gets that answer from the
+ * held put requests, two gets of one blob in flight at once (the second
+ * reply cannot borrow the room the first is being sent from, so it is
+ * copied), and a put of one blob twice at once: every byte comes back. */
+static void test_blob_put_get(void **state)
+{
+    fx *f = *state;
+    size_t size = (size_t)3 << 20, off = 4097, part = (size_t)1 << 20;
+    ctl_blob *b = ctl_blob_new(size);
+    assert_non_null(b);
+    assert_int_equal(ctl_blob_size(b), size);
+    fill_random(ctl_blob_data(b), size, 11);
+    ctl_str whole = ctl_blob_bin(b, 0, size), range = ctl_blob_bin(b, off, part);
+    assert_int_equal(range.len, part);
+    /* Clamped to the blob. */
+    assert_int_equal(ctl_blob_bin(b, size - 10, 100).len, 10);
+    assert_int_equal(ctl_blob_bin(b, size + 10, 100).len, 0);
+
+    unsigned char *copy = malloc(size);
+    assert_non_null(copy);
+    memcpy(copy, whole.ptr, size);
+    put_ok(f, S("whole"), whole, true);
+    put_ok(f, S("range"), range, false);
+    put_ok(f, S("first"), ctl_blob_bin(b, 0, part), false);
+    assert_memory_equal(whole.ptr, copy, size);
+    free(copy);
+    const ctl_str first[] = {S("first")}, first_want = ctl_blob_bin(b, 0, part);
+    get_expect(f, first, 1, &first_want);
+    const ctl_str one[] = {S("whole")}, two[] = {S("range")};
+    get_expect(f, one, 1, &whole);
+    get_expect(f, two, 1, &range);
+    const ctl_str both[] = {S("whole"), S("range")}, want[] = {whole, range};
+    get_expect(f, both, 2, want);
+    get_expect(f, both, 2, want); /* again, from the same holds */
+
+    blob_done g1 = {.want = whole}, g2 = {.want = whole};
+    storage_get_args ga = {.keys = keys_of(one, 1)};
+    ctl_call *c1 = NULL, *c2 = NULL;
+    assert_int_equal(storage_get_start(f->client, f->endpoint, &ga, CALL_MS, on_blob_get, &g1,
+                                       &c1), 0);
+    assert_int_equal(storage_get_start(f->client, f->endpoint, &ga, CALL_MS, on_blob_get, &g2,
+                                       &c2), 0);
+    blob_wait(f->client, c1, CALL_MS + 2000);
+    blob_wait(f->client, c2, CALL_MS + 2000);
+    assert_int_equal(g1.calls, 1);
+    assert_int_equal(g2.calls, 1);
+    assert_true(g1.equal);
+    assert_true(g2.equal);
+
+    blob_done p1 = {.want = whole}, p2 = {.want = whole};
+    storage_put_args pa;
+    storage_put_args_init(&pa);
+    pa.key = S("twice-1");
+    pa.data = whole;
+    assert_int_equal(storage_put_start(f->client, f->endpoint, &pa, CALL_MS, on_blob_put, &p1,
+                                       &c1), 0);
+    pa.key = S("twice-2");
+    assert_int_equal(storage_put_start(f->client, f->endpoint, &pa, CALL_MS, on_blob_put, &p2,
+                                       &c2), 0);
+    /* The args were copied at start: the blob may go now; the calls keep
+     * what they send. */
+    ctl_blob_release(&b);
+    assert_null(b);
+    ctl_blob_release(&b); /* NULL is accepted */
+    blob_wait(f->client, c1, CALL_MS + 2000);
+    blob_wait(f->client, c2, CALL_MS + 2000);
+    assert_int_equal(p1.kind, CTL_OK);
+    assert_int_equal(p2.kind, CTL_OK);
+    assert_true(p1.equal && p2.equal);
+    storage_UnitStats st = stats(f);
+    assert_int_equal(st.blobs, 5);
+    assert_int_equal(st.bytes, 3 * size + 2 * part);
+}
+
+/* A put from a blob to a frozen unit: while its request waits in ZeroMQ,
+ * the blob is being sent (its memory is the message); a second put of
+ * the same blob meanwhile is sent from a copy. The first times out and
+ * its socket is closed at once (late_grace_ms 0), which lets the blob go;
+ * once the unit runs again, the second put lands whole, and the blob can
+ * be sent again. */
+static void test_blob_sending_until_dropped(void **state)
+{
+    fx *f = *state;
+    size_t size = (size_t)32 << 20; /* more than the kernel's buffers take */
+    ctl_client_options o;
+    ctl_client_options_init(&o);
+    o.late_grace_ms = 0;
+    ctl_client *client = NULL;
+    assert_int_equal(ctl_client_new(&o, &client, &f->err), 0);
+    ctl_blob *b = ctl_blob_new(size);
+    assert_non_null(b);
+    fill_random(ctl_blob_data(b), size, 5);
+    ctl_str data = ctl_blob_bin(b, 0, size);
+    assert_false(ctl_blob_sending(b));
+
+    unit_freeze(f);
+    blob_done p1 = {.want = data}, p2 = {.want = data};
+    storage_put_args pa;
+    storage_put_args_init(&pa);
+    pa.key = S("first");
+    pa.data = data;
+    ctl_call *c1 = NULL, *c2 = NULL;
+    assert_int_equal(storage_put_start(client, f->endpoint, &pa, 300, on_blob_put, &p1, &c1), 0);
+    int64_t deadline = tu_now_ms() + 5000;
+    while (!ctl_blob_sending(b) && tu_now_ms() < deadline)
+        tu_sleep_ms(1);
+    assert_true(ctl_blob_sending(b));
+    pa.key = S("second");
+    assert_int_equal(storage_put_start(client, f->endpoint, &pa, CALL_MS + 5000, on_blob_put,
+                                       &p2, &c2), 0);
+    blob_wait(client, c1, 5000);
+    assert_int_equal(p1.kind, CTL_TRANSFER);
+    assert_int_equal(p1.cause, CTL_CAUSE_TIMEOUT);
+    deadline = tu_now_ms() + 5000;
+    while (ctl_blob_sending(b) && tu_now_ms() < deadline)
+        tu_sleep_ms(1);
+    assert_false(ctl_blob_sending(b));
+
+    assert_int_equal(kill(f->pid, SIGCONT), 0);
+    blob_wait(client, c2, CALL_MS + 5000);
+    assert_int_equal(p2.kind, CTL_OK);
+    assert_true(p2.equal);
+    const ctl_str second[] = {S("second")};
+    get_expect(f, second, 1, &data);
+    put_ok(f, S("first"), data, false);
+    const ctl_str first[] = {S("first")};
+    get_expect(f, first, 1, &data);
+    ctl_blob_release(&b);
+    ctl_client_destroy(&client);
+}
+
 typedef struct caller {
     fx *f;
     atomic_int ok_calls;
@@ -1981,6 +2154,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigterm_clean_shutdown, setup_spill, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_drains_under_load, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_frozen_unit, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_blob_put_get, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_blob_sending_until_dropped, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_sigkill_mid_call, setup_big, teardown),
     };
     /* A unit that dies under a test must not take the test with it. */

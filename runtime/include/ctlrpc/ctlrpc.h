@@ -20,5 +20,6 @@
 #include "ctlrpc/log.h"
 #include "ctlrpc/server.h"
 #include "ctlrpc/client.h"
+#include "ctlrpc/blob.h"
 
 #endif /* CTLRPC_CTLRPC_H */

@@ -360,6 +360,21 @@ CTL_API void *ctl_req_alloc(ctl_req *req, size_t size);
 typedef struct ctl_hold ctl_hold;
 CTL_API ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view);
 
+/*
+ * Let this request's reply carry the bytes of `hold` without copying them:
+ * a bin of the result that lies inside the hold's view (64 KiB or more,
+ * CTL_BLOB_MIN) is sent from the held message itself, the reply's other
+ * bytes written into the spare room of that message (the request's own
+ * head, which nothing reads any more). The storage unit's get shares the
+ * hold of the blob it answers with. Nothing changes for the caller: when
+ * the room is missing (the held request had another hold, or a reply from
+ * it is still being sent), the bytes are copied as they would be without
+ * this call. A bin that lies inside a ctl_blob (ctlrpc/blob.h) is carried
+ * the same way without this call. Call it during the handler; the reply
+ * keeps what it needs of the hold, which may be released at any time.
+ */
+CTL_API void ctl_req_share(ctl_req *req, const ctl_hold *hold);
+
 /* The held bytes (stable for the hold's life). */
 CTL_API ctl_str ctl_hold_view(const ctl_hold *hold);
 
