@@ -1885,11 +1885,13 @@ static void on_blob_get(void *user, const ctl_error *err, const storage_list_bin
                memcmp(result->items[0].ptr, d->want.ptr, d->want.len) == 0;
 }
 
-/* Wait (up to `ms`) for the call, then run its completion. */
-static void blob_wait(ctl_client *client, ctl_call *call, int ms)
+/* Wait (up to `ms`) for the call, then run the queued completions, its
+ * own among them (or already run by an earlier wait): it ran once. */
+static void blob_wait(ctl_client *client, ctl_call *call, int ms, const blob_done *d)
 {
     assert_int_equal(ctl_call_wait(call, ms), 0);
-    assert_true(ctl_client_process(client, 0) >= 1);
+    ctl_client_process(client, 0);
+    assert_int_equal(d->calls, 1);
     ctl_call_release(call);
 }
 
@@ -1938,10 +1940,8 @@ static void test_blob_put_get(void **state)
                                        &c1), 0);
     assert_int_equal(storage_get_start(f->client, f->endpoint, &ga, CALL_MS, on_blob_get, &g2,
                                        &c2), 0);
-    blob_wait(f->client, c1, CALL_MS + 2000);
-    blob_wait(f->client, c2, CALL_MS + 2000);
-    assert_int_equal(g1.calls, 1);
-    assert_int_equal(g2.calls, 1);
+    blob_wait(f->client, c1, CALL_MS + 2000, &g1);
+    blob_wait(f->client, c2, CALL_MS + 2000, &g2);
     assert_true(g1.equal);
     assert_true(g2.equal);
 
@@ -1960,14 +1960,83 @@ static void test_blob_put_get(void **state)
     ctl_blob_release(&b);
     assert_null(b);
     ctl_blob_release(&b); /* NULL is accepted */
-    blob_wait(f->client, c1, CALL_MS + 2000);
-    blob_wait(f->client, c2, CALL_MS + 2000);
+    blob_wait(f->client, c1, CALL_MS + 2000, &p1);
+    blob_wait(f->client, c2, CALL_MS + 2000, &p2);
     assert_int_equal(p1.kind, CTL_OK);
     assert_int_equal(p2.kind, CTL_OK);
     assert_true(p1.equal && p2.equal);
     storage_UnitStats st = stats(f);
     assert_int_equal(st.blobs, 5);
     assert_int_equal(st.bytes, 3 * size + 2 * part);
+}
+
+typedef struct blob_thread {
+    fx *f;
+    ctl_blob *blob;
+    int id;
+    int failures;
+} blob_thread;
+
+/* Put one shared blob under keys of its own and read each back. */
+static void *blob_put_get_loop(void *arg)
+{
+    blob_thread *t = arg;
+    ctl_client *client = NULL;
+    ctl_error err;
+    ctl_error_init(&err);
+    ctl_str data = ctl_blob_bin(t->blob, 0, ctl_blob_size(t->blob));
+    if (ctl_client_new(NULL, &client, &err) != 0) {
+        t->failures++;
+        ctl_error_fini(&err);
+        return NULL;
+    }
+    for (int i = 0; i < 12; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "t%d-%d", t->id, i % 3);
+        storage_put_args pa;
+        storage_put_args_init(&pa);
+        pa.key = ctl_str_c(key);
+        pa.data = data;
+        uint64_t stored = 0;
+        const ctl_str keys[] = {pa.key};
+        storage_get_args ga = {.keys = keys_of(keys, 1)};
+        storage_list_bin got = {NULL, 0};
+        ctl_reply *reply = NULL;
+        if (storage_put(client, t->f->endpoint, &pa, CALL_MS, &stored, &err) != 0 ||
+            stored != data.len ||
+            storage_get(client, t->f->endpoint, &ga, CALL_MS, &got, &reply, &err) != 0 ||
+            got.count != 1 || got.items[0].len != data.len ||
+            memcmp(got.items[0].ptr, data.ptr, data.len) != 0)
+            t->failures++;
+        ctl_reply_destroy(&reply);
+    }
+    ctl_client_destroy(&client);
+    ctl_error_fini(&err);
+    return NULL;
+}
+
+/* Four threads, each with its own client, put one blob and get it back
+ * at once: one message at a time borrows the blob's room, the others copy
+ * it, and the unit answers each get from its held put. */
+static void test_blob_shared_by_threads(void **state)
+{
+    fx *f = *state;
+    enum { THREADS = 4 };
+    ctl_blob *b = ctl_blob_new((size_t)256 << 10);
+    assert_non_null(b);
+    fill_random(ctl_blob_data(b), ctl_blob_size(b), 3);
+    blob_thread t[THREADS];
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        t[i] = (blob_thread){f, b, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, blob_put_get_loop, &t[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(t[i].failures, 0);
+    }
+    ctl_blob_release(&b);
+    assert_int_equal(stats(f).blobs, 3 * THREADS);
 }
 
 /* A put from a blob to a frozen unit: while its request waits in ZeroMQ,
@@ -2006,7 +2075,7 @@ static void test_blob_sending_until_dropped(void **state)
     pa.key = S("second");
     assert_int_equal(storage_put_start(client, f->endpoint, &pa, CALL_MS + 5000, on_blob_put,
                                        &p2, &c2), 0);
-    blob_wait(client, c1, 5000);
+    blob_wait(client, c1, 5000, &p1);
     assert_int_equal(p1.kind, CTL_TRANSFER);
     assert_int_equal(p1.cause, CTL_CAUSE_TIMEOUT);
     deadline = tu_now_ms() + 5000;
@@ -2015,7 +2084,7 @@ static void test_blob_sending_until_dropped(void **state)
     assert_false(ctl_blob_sending(b));
 
     assert_int_equal(kill(f->pid, SIGCONT), 0);
-    blob_wait(client, c2, CALL_MS + 5000);
+    blob_wait(client, c2, CALL_MS + 5000, &p2);
     assert_int_equal(p2.kind, CTL_OK);
     assert_true(p2.equal);
     const ctl_str second[] = {S("second")};
@@ -2155,6 +2224,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigterm_drains_under_load, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_frozen_unit, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_blob_put_get, setup_big, teardown),
+        cmocka_unit_test_setup_teardown(test_blob_shared_by_threads, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_blob_sending_until_dropped, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_sigkill_mid_call, setup_big, teardown),
     };
