@@ -22,7 +22,9 @@
  *               (send all, then collect) to as many echo servers: batch
  *               p50/p99.
  *   blobs       put then get of 64 KiB, 1 MiB, 8 MiB (or the sizes of
- *               --blob-sizes; ctl-scale runs it up to 64 MiB) through the stubs vs
+ *               --blob-sizes; ctl-scale runs it up to 64 MiB) through the stubs,
+ *               the put sent from a ctl_blob (and, for information, the same
+ *               from a plain buffer, which the request copies), vs
  *               one echo round trip of a message that size (both move the
  *               payload once each way): MB/s of payload moved; and vs the
  *               same two round trips over bare ZeroMQ with no copy (a
@@ -1991,8 +1993,9 @@ static void usage(FILE *f)
             "  throughput  one unit, 1/4/16 client threads (one shared ctl_client) vs\n"
             "              the echo server: calls/s, server CPU s per 10k calls\n"
             "  fanout      stats_many over 1/4/16 units vs the same fan-out to echoes\n"
-            "  blobs       put+get of 64 KiB, 1 MiB, 8 MiB (--blob-sizes) vs an echo\n"
-            "              of that size,\n"
+            "  blobs       put+get of 64 KiB, 1 MiB, 8 MiB (--blob-sizes), the put\n"
+            "              from a ctl_blob (and from a plain buffer), vs an echo\n"
+            "              of that size and a bare put+get,\n"
             "              MB/s, and payload copies counted per side (not in\n"
             "              sanitizer builds)\n"
             "  async       64 calls in flight from one thread (storage_describe_start)\n"
