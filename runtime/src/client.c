@@ -424,7 +424,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
             memset(&reqs[i], 0, sizeof reqs[i]);
         }
         call->flags = flags;
-        call->send_on_submit = 1; /* this thread waits anyway */
+        call->send_on_submit = CTL_SEND_ALL; /* this thread waits anyway */
         rc = ctl_call_submit(call, &call, &err);
     }
     if (rc != 0) {
@@ -673,6 +673,7 @@ int ctl_client_call_many_start_ex(ctl_client *client, const char *op,
     c->done_many = done;
     c->user = user;
     c->flags = flags;
+    c->send_on_submit = CTL_SEND_IDLE;
     return ctl_call_submit(c, call, err);
 }
 

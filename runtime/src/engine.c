@@ -305,22 +305,35 @@ static void rq_no_address(ctl_call *call, size_t i)
     rq->done = 1;
 }
 
-/* Send every request of `call` on the calling thread (send_on_submit).
- * The sockets are lent to this thread until the I/O thread takes the call
- * over: it ignores their signals meanwhile (no engine request on them) and
- * reads each one as it adopts it (watch). A request that fails here is
- * done, with its error, and its retries are the I/O thread's. */
+/* Send the requests of `call` on the calling thread (send_on_submit):
+ * every one, or those with an idle socket (CTL_SEND_IDLE). The sockets are
+ * lent to this thread until the I/O thread takes the call over: it
+ * ignores their signals meanwhile (no engine request on them) and reads
+ * each one as it adopts it (watch). A request that fails here is done,
+ * with its error, and its retries are the I/O thread's; one left unsent
+ * (no idle socket) the I/O thread sends. */
 static void send_here(ctl_call *call)
 {
     ctl_client *c = call->client;
+    int idle_only = call->send_on_submit == CTL_SEND_IDLE;
     rqs_setup(call);
     for (size_t i = 0; i < call->count; i++) {
-        if (!call->rqs[i].address)
+        ctl_rq *rq = &call->rqs[i];
+        if (!rq->address) {
             rq_no_address(call, i);
-        else
-            ctl_rq_send(c, &call->rqs[i]);
+            continue;
+        }
+        rq->idle_only = idle_only;
+        ctl_rq_send(c, rq);
+        rq->idle_only = 0;
     }
     call->sent = 1;
+}
+
+/* Whether send_here left request `rq` for the I/O thread to send. */
+static int left_unsent(const ctl_rq *rq)
+{
+    return !rq->done && !rq->conn && rq->req && rq->address;
 }
 
 /* Wake the I/O thread; called with the mutex held. */
@@ -688,7 +701,7 @@ static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
     if (call->count == 0 || heap_push(e, &call->timer) != 0) {
         for (size_t i = 0; i < call->count; i++) {
             ctl_rq *rq = &call->rqs[i];
-            if (call->sent) {
+            if (call->sent && !left_unsent(rq)) {
                 /* Sent by the caller: a request still out ends here, its
                  * socket retired as a timeout's; the others keep their
                  * outcome. */
@@ -708,7 +721,7 @@ static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
     live_add(e, call);
     for (size_t i = 0; i < call->count; i++) {
         ctl_rq *rq = &call->rqs[i];
-        if (call->sent) {
+        if (call->sent && !left_unsent(rq)) {
             /* Sent by the caller (send_here): watch it, or end the attempt
              * that failed there (its retries go on here). */
             if (!rq->address) {

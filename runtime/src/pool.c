@@ -559,6 +559,24 @@ ctl_conn *ctl_pool_lend_fresh(ctl_pool *p, const char *address, ctl_error *err)
     return lend(p, address, 1, err);
 }
 
+ctl_conn *ctl_pool_lend_idle(ctl_pool *p, const char *address)
+{
+    ctl_conn *conn = NULL;
+    ctl_error scratch;
+    ctl_error_init(&scratch);
+    pthread_mutex_lock(&p->mu);
+    ctl_addr *e = get_entry(p, address, &scratch);
+    if (e && e->n_idle) {
+        conn = e->idle[--e->n_idle];
+        if (++e->lent > e->peak)
+            e->peak = e->lent;
+        e->used_ms = ctl_now_ms();
+    }
+    pthread_mutex_unlock(&p->mu);
+    ctl_error_fini(&scratch);
+    return conn;
+}
+
 void ctl_pool_return(ctl_pool *p, ctl_conn *conn)
 {
     ctl_addr *e = conn->addr;

@@ -141,6 +141,11 @@ ctl_conn *ctl_pool_lend(ctl_pool *pool, const char *address, ctl_error *err);
 ctl_conn *ctl_pool_lend_fresh(ctl_pool *pool, const char *address,
                               ctl_error *err);
 
+/* Lend an idle connection to `address`, or NULL when it has none (then
+ * nothing is dialled, nothing is counted and no error is made: the caller
+ * lends it the usual way elsewhere). */
+ctl_conn *ctl_pool_lend_idle(ctl_pool *pool, const char *address);
+
 /* Give back a connection whose last request completed cleanly. */
 void ctl_pool_return(ctl_pool *pool, ctl_conn *conn);
 

@@ -188,7 +188,11 @@ int ctl_rq_send(ctl_client *c, ctl_rq *p)
     p->req = NULL;
     rc = ctl_client_refuse(c, req, p->address, p->op, p->timeout_ms, &p->addr,
                            err);
-    if (rc == 0 && !(p->conn = ctl_pool_lend(c->pool, p->address, err)))
+    if (rc == 0 && p->idle_only && !(p->conn = ctl_pool_lend_idle(c->pool, p->address))) {
+        p->req = req; /* for the thread that may dial */
+        return 0;
+    }
+    if (rc == 0 && !p->conn && !(p->conn = ctl_pool_lend(c->pool, p->address, err)))
         rc = err->kind ? (int)err->kind : CTL_TRANSFER;
     if (rc != 0) {
         ctl_frame_fini(req);

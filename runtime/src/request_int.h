@@ -115,6 +115,10 @@ typedef struct ctl_rq {
     int64_t sent_ms;   /* when it was handed to its socket (monitor checks) */
     int unsent;        /* its socket has no connection yet: `out` waits */
     int notify;        /* a notify: counted as one, no reply awaited */
+    /* ctl_rq_send lends only an idle socket; with none, the request is
+     * left as it was (not sent, not done, its frame kept) for a thread
+     * that may dial (engine.c: an asynchronous fan-out's caller). */
+    int idle_only;
     zmq_msg_t out;     /* the message, while unsent */
     ctl_reply **reply; /* where the reply goes on success */
     ctl_error *err;    /* where the failure goes */
@@ -145,8 +149,9 @@ void ctl_rq_init(ctl_rq *rq, const char *address, const char *op,
 /* Refuse, or borrow a connection, name the request and hand it to its
  * socket: it leaves at once on a connection that is up, or stays unsent
  * until one is (ctl_rq_try_send, ctl_rq_send_wait). 0 when it is on its
- * way; otherwise the negative kind, with the request done and its error
- * set. Never blocks. */
+ * way (or, with idle_only and no idle socket, left untouched: conn NULL);
+ * otherwise the negative kind, with the request done and its error set.
+ * Never blocks. */
 int ctl_rq_send(ctl_client *c, ctl_rq *rq);
 
 /* While the request is unsent (its socket has no connection yet: sockets

@@ -440,6 +440,7 @@ int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
     c->ext.typed = typed;
     c->ext.done = done;
     c->ext.thunk = (void (*)(void))thunk;
+    c->send_on_submit = CTL_SEND_IDLE;
     if (ctl_call_submit(c, call, &err) != 0)
         return start_failed(client, &err);
     return 0;
