@@ -1140,6 +1140,102 @@ static void test_many_start(void **state)
     ctl_call_release(call);
 }
 
+/* An asynchronous fan-out sends on the caller's thread the requests whose
+ * address has an idle socket, and leaves the rest (a dial) to the I/O
+ * thread: with one idle socket to the unit and three targets there, one
+ * goes at once, two wait for the I/O thread, and every outcome is in its
+ * place. */
+static void test_many_start_warm_and_cold(void **state)
+{
+    fx *f = *state;
+    tu_buf warm, b[4];
+    tu_buf_init(&warm);
+    pack_echo(&warm, 1);
+    ctl_reply *reply = NULL;
+    assert_int_equal(ctl_client_call(f->client, f->unit.endpoint, "echo", warm.sb.data,
+                                     warm.sb.size, CALL_MS, &reply, &f->err), 0);
+    ctl_reply_destroy(&reply);
+    tu_buf_fini(&warm);
+    char dead[CTL_ENDPOINT_MAX];
+    tu_dead_address(dead, sizeof dead);
+    for (int i = 0; i < 4; i++) {
+        tu_buf_init(&b[i]);
+        pack_echo(&b[i], 20 + i);
+    }
+    ctl_target t[5] = {
+        {f->unit.endpoint, b[0].sb.data, b[0].sb.size},
+        {f->unit.endpoint, b[1].sb.data, b[1].sb.size},
+        {dead, b[2].sb.data, b[2].sb.size},
+        {NULL, NULL, 0},
+        {f->unit.endpoint, b[3].sb.data, b[3].sb.size},
+    };
+    many_seen m = {0};
+    ctl_call *call = NULL;
+    assert_int_equal(ctl_client_call_many_start(f->client, "echo", t, 5, CALL_MS, on_many, &m,
+                                                &call, &f->err), 0);
+    for (int i = 0; i < 4; i++)
+        tu_buf_fini(&b[i]);
+    assert_int_equal(process_until(f->client, &m.completions, 1, CALL_MS), 1);
+    assert_int_equal(m.count, 5);
+    assert_int_equal(m.kinds[0], CTL_OK);
+    assert_int_equal(m.values[0], 20);
+    assert_int_equal(m.kinds[1], CTL_OK);
+    assert_int_equal(m.values[1], 21);
+    assert_int_equal(m.kinds[2], CTL_TRANSFER);
+    assert_int_equal(m.causes[2], CTL_CAUSE_REFUSED);
+    assert_int_equal(m.kinds[3], CTL_INVALID);
+    assert_int_equal(m.kinds[4], CTL_OK);
+    assert_int_equal(m.values[4], 23);
+    ctl_call_release(call);
+}
+
+/* A fan-out cancelled as soon as it starts, over and over, on warm sockets
+ * (sent by the caller) and a cold one (sent by the I/O thread): each
+ * completes once, each target with its reply or cancelled, and the pool
+ * keeps serving. */
+static void test_many_start_cancelled_at_once(void **state)
+{
+    fx *f = *state;
+    tu_buf b;
+    tu_buf_init(&b);
+    pack_echo(&b, 7);
+    int replied = 0, cancelled = 0;
+    for (int round = 0; round < 200; round++) {
+        ctl_target t[3] = {
+            {f->unit.endpoint, b.sb.data, b.sb.size},
+            {f->unit.endpoint, b.sb.data, b.sb.size},
+            {f->unit.endpoint, b.sb.data, b.sb.size},
+        };
+        many_seen m = {0};
+        ctl_call *call = NULL;
+        assert_int_equal(ctl_client_call_many_start(f->client, "echo", t, round % 2 ? 3 : 2,
+                                                    CALL_MS, on_many, &m, &call, &f->err),
+                         0);
+        ctl_call_cancel(call);
+        assert_int_equal(process_until(f->client, &m.completions, 1, CALL_MS), 1);
+        for (size_t i = 0; i < m.count; i++) {
+            if (m.kinds[i] == CTL_OK) {
+                assert_int_equal(m.values[i], 7);
+                replied++;
+            } else {
+                assert_int_equal(m.kinds[i], CTL_TRANSFER);
+                assert_int_equal(m.causes[i], CTL_CAUSE_CANCELLED);
+                cancelled++;
+            }
+        }
+        ctl_call_release(call);
+        assert_int_equal(atomic_load(&m.completions), 1);
+    }
+    print_message("  fan-outs cancelled at once: %d replies, %d cancelled\n", replied,
+                  cancelled);
+    assert_true(cancelled > 0);
+    ctl_reply *reply = NULL;
+    assert_int_equal(ctl_client_call(f->client, f->unit.endpoint, "echo", b.sb.data, b.sb.size,
+                                     CALL_MS, &reply, &f->err), 0);
+    ctl_reply_destroy(&reply);
+    tu_buf_fini(&b);
+}
+
 /* Release before the end does not cancel: the callback still runs once. */
 static void test_release_early(void **state)
 {
@@ -1245,6 +1341,8 @@ int main(void)
         T(test_max_in_flight),
         T(test_start_failures_logged_per_cause),
         T(test_many_start),
+        T(test_many_start_warm_and_cold),
+        T(test_many_start_cancelled_at_once),
         T(test_release_early),
         T(test_wait_without_callback),
         T(test_wait_times_out),
