@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fleet.h"
 #include "storage.ctl.h"
@@ -351,6 +352,39 @@ static int read_all(const char *path, char **data, size_t *len)
     return 0;
 }
 
+/* A regular file of CTL_BLOB_MIN bytes or more goes into a ctl_blob of its
+ * size, which the put sends without copying it (ctlrpc/blob.h). Returns 0
+ * with *blob set, 0 with *blob NULL when the file is not such a file (read
+ * it with read_all), or an exit status. */
+static int read_blob(const char *path, ctl_blob **blob, size_t *len)
+{
+    struct stat st;
+    *blob = NULL;
+    if (strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size < CTL_BLOB_MIN || (uint64_t)st.st_size > SIZE_MAX)
+        return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0; /* read_all says why */
+    ctl_blob *b = ctl_blob_new((size_t)st.st_size);
+    if (!b) {
+        fclose(f);
+        fprintf(stderr, "ctl-storage: out of memory reading %s\n", path);
+        return EXIT_LOCAL;
+    }
+    size_t n = fread(ctl_blob_data(b), 1, ctl_blob_size(b), f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        ctl_blob_release(&b);
+        fprintf(stderr, "ctl-storage: cannot read %s\n", path);
+        return EXIT_LOCAL;
+    }
+    *blob = b;
+    *len = n; /* less if the file shrank meanwhile: then the bytes are copied */
+    return 0;
+}
+
 /* ---- commands -------------------------------------------------------- */
 
 static int cmd_put(cli *c, int argc, char **argv)
@@ -372,12 +406,14 @@ static int cmd_put(cli *c, int argc, char **argv)
         return rc;
     char *data = NULL;
     size_t len = 0;
-    if ((rc = read_all(argv[optind + 1], &data, &len)) != 0)
+    ctl_blob *blob = NULL;
+    if ((rc = read_blob(argv[optind + 1], &blob, &len)) != 0 ||
+        (!blob && (rc = read_all(argv[optind + 1], &data, &len)) != 0))
         return rc;
     storage_put_args a;
     storage_put_args_init(&a);
     a.key = ctl_str_c(argv[optind]);
-    a.data = (ctl_str){data, len};
+    a.data = blob ? ctl_blob_bin(blob, 0, len) : (ctl_str){data, len};
     a.pin = pin;
     uint64_t stored = 0;
     ctl_error err;
@@ -394,6 +430,7 @@ static int cmd_put(cli *c, int argc, char **argv)
                pin ? " (pinned)" : "");
     }
     free(data);
+    ctl_blob_release(&blob);
     ctl_error_fini(&err);
     return rc;
 }
