@@ -1924,6 +1924,24 @@ static void test_blob_put_get(void **state)
     put_ok(f, S("first"), ctl_blob_bin(b, 0, part), false);
     assert_memory_equal(whole.ptr, copy, size);
     free(copy);
+
+    /* Over a client's message limit, a put from a blob is refused before
+     * anything is sent, and lets the blob go. */
+    ctl_client_options lo;
+    ctl_client_options_init(&lo);
+    lo.limits.max_msg_bytes = part;
+    ctl_client *limited = NULL;
+    assert_int_equal(ctl_client_new(&lo, &limited, &f->err), 0);
+    storage_put_args big;
+    storage_put_args_init(&big);
+    big.key = S("too-big");
+    big.data = whole;
+    uint64_t stored = 0;
+    assert_int_equal(storage_put(limited, f->endpoint, &big, CALL_MS, &stored, &f->err),
+                     CTL_TRANSFER);
+    assert_int_equal(f->err.cause, CTL_CAUSE_TOO_LARGE);
+    assert_false(ctl_blob_sending(b));
+    ctl_client_destroy(&limited);
     const ctl_str first[] = {S("first")}, first_want = ctl_blob_bin(b, 0, part);
     get_expect(f, first, 1, &first_want);
     const ctl_str one[] = {S("whole")}, two[] = {S("range")};
