@@ -356,9 +356,7 @@ static ctl_lender *lender_of(ctl_dispatch *d, const char *buf, size_t len)
 {
     if (!d->lend || len < CTL_BLOB_MIN)
         return NULL;
-    uintptr_t b = (uintptr_t)buf, v = (uintptr_t)d->share_view.ptr;
-    if (d->share && b >= v && b - v <= d->share_view.len &&
-        len <= d->share_view.len - (b - v)) {
+    if (d->share && ctl_bytes_within(buf, len, d->share_view.ptr, d->share_view.len)) {
         d->share->ops->ref(d->share);
         return d->share;
     }
@@ -810,12 +808,10 @@ static ctl_hold *copy_hold(const char *bytes, size_t len)
 ctl_hold *ctl_req_hold(ctl_req *req, ctl_str view)
 {
     const ctl_inbound *in = req->in;
-    uintptr_t b = (uintptr_t)in->payload, v = (uintptr_t)view.ptr;
-    size_t size = in->payload_len;
-    if (view.len && (!view.ptr || v < b || v - b > size ||
-                     view.len > size - (v - b)))
+    if (view.len && (!view.ptr ||
+                     !ctl_bytes_within(view.ptr, view.len, in->payload, in->payload_len)))
         return NULL;
-    size_t off = view.len ? (size_t)(v - b) : 0;
+    size_t off = view.len ? (size_t)(view.ptr - (const char *)in->payload) : 0;
     if (in->hold)
         return in->hold(in->msg, off, view.len);
     return copy_hold((const char *)in->payload + off, view.len);

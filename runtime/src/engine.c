@@ -330,10 +330,12 @@ static void send_here(ctl_call *call)
     call->sent = 1;
 }
 
-/* Whether send_here left request `rq` for the I/O thread to send. */
+/* Whether send_here left request `rq` for the I/O thread to send: it
+ * still holds its frame (ctl_rq_send consumes it unless it found no idle
+ * socket; a request without an address is done). */
 static int left_unsent(const ctl_rq *rq)
 {
-    return !rq->done && !rq->conn && rq->req && rq->address;
+    return !rq->done && rq->req;
 }
 
 /* Wake the I/O thread; called with the mutex held. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bigbuf_int.h"
+#include "util_int.h"
 
 void ctl_lender_init(ctl_lender *l, const ctl_lender_ops *ops)
 {
@@ -162,8 +163,7 @@ ctl_lender *ctl_lender_find(const char *ptr, size_t len)
     size_t at = reg_len ? reg_upper(ptr) : 0;
     if (at > 0) {
         ctl_blob *b = reg[at - 1];
-        size_t off = (size_t)(ptr - b->data);
-        if (off <= b->size && len <= b->size - off) {
+        if (ctl_bytes_within(ptr, len, b->data, b->size)) {
             blob_ref(&b->lender);
             found = &b->lender;
         }

@@ -523,21 +523,28 @@ static ctl_conn *dial(ctl_pool *p, ctl_addr *a, ctl_error *err)
     return c;
 }
 
-static ctl_conn *lend(ctl_pool *p, const char *address, int fresh,
+/* How lend() may get a connection. */
+enum lend_how {
+    LEND_ANY,   /* an idle one, else dial */
+    LEND_FRESH, /* dial, never an idle one */
+    LEND_IDLE   /* an idle one, or none (never dial) */
+};
+
+static ctl_conn *lend(ctl_pool *p, const char *address, enum lend_how how,
                       ctl_error *err)
 {
     ctl_conn *conn = NULL;
     pthread_mutex_lock(&p->mu);
     ctl_addr *e = get_entry(p, address, err);
-    if (e) {
-        if (e->n_idle && !fresh)
-            conn = e->idle[--e->n_idle];
+    if (e && e->n_idle && how != LEND_FRESH)
+        conn = e->idle[--e->n_idle];
+    if (e && (conn || how != LEND_IDLE)) {
         if (++e->lent > e->peak)
             e->peak = e->lent;
         e->used_ms = ctl_now_ms();
     }
     pthread_mutex_unlock(&p->mu);
-    if (!e || conn)
+    if (!e || conn || how == LEND_IDLE)
         return conn;
     /* Dialing needs no lock: the new socket is not in the pool yet. */
     conn = dial(p, e, err);
@@ -551,30 +558,17 @@ static ctl_conn *lend(ctl_pool *p, const char *address, int fresh,
 
 ctl_conn *ctl_pool_lend(ctl_pool *p, const char *address, ctl_error *err)
 {
-    return lend(p, address, 0, err);
+    return lend(p, address, LEND_ANY, err);
 }
 
 ctl_conn *ctl_pool_lend_fresh(ctl_pool *p, const char *address, ctl_error *err)
 {
-    return lend(p, address, 1, err);
+    return lend(p, address, LEND_FRESH, err);
 }
 
 ctl_conn *ctl_pool_lend_idle(ctl_pool *p, const char *address)
 {
-    ctl_conn *conn = NULL;
-    ctl_error scratch;
-    ctl_error_init(&scratch);
-    pthread_mutex_lock(&p->mu);
-    ctl_addr *e = get_entry(p, address, &scratch);
-    if (e && e->n_idle) {
-        conn = e->idle[--e->n_idle];
-        if (++e->lent > e->peak)
-            e->peak = e->lent;
-        e->used_ms = ctl_now_ms();
-    }
-    pthread_mutex_unlock(&p->mu);
-    ctl_error_fini(&scratch);
-    return conn;
+    return lend(p, address, LEND_IDLE, NULL);
 }
 
 void ctl_pool_return(ctl_pool *p, ctl_conn *conn)

@@ -241,8 +241,8 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
     if (ok && delimited)
         ok = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
     if (ok) {
-        ctl_payload p;
         if (s->core.reply_len >= ZERO_COPY_MIN) {
+            ctl_payload p;
             ok = ctl_payload_take(&p, out, &s->core.seg) == 0 &&
                  ctl_ledger_send(s->ledger, id, id_len, s->router, &p, ZMQ_DONTWAIT) == 0;
         } else {

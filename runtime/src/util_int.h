@@ -7,6 +7,7 @@
 #define CTLRPC_UTIL_INT_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,14 @@ char *ctl_vasprintf(const char *fmt, va_list ap) CTL_PRINTF(1, 0);
 /* `size` bytes from `zone`, aligned for any type (msgpack_zone_malloc
  * only aligns to a pointer). NULL when out of memory. */
 void *ctl_zone_alloc(msgpack_zone *zone, size_t size);
+
+/* Whether the `len` bytes at `ptr` lie inside the `size` bytes at `base`
+ * (no overflow for any values). */
+static inline bool ctl_bytes_within(const void *ptr, size_t len, const void *base, size_t size)
+{
+    uintptr_t p = (uintptr_t)ptr, b = (uintptr_t)base;
+    return p >= b && p - b <= size && len <= size - (p - b);
+}
 
 /* Milliseconds on the monotonic clock. */
 int64_t ctl_now_ms(void);

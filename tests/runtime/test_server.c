@@ -882,6 +882,18 @@ static void test_destroy_without_close(void **state)
 
 /* ---- holding request bytes past the handler ------------------------- */
 
+/* A unit of `svc` (handlers get `user`) on a free loopback port, and a
+ * client to call it. */
+static void serve_on_loopback(const ctl_service *svc, void *user, ctl_server **s,
+                              ctl_client **c, ctl_error *err)
+{
+    ctl_server_options so;
+    ctl_server_options_init(&so);
+    so.endpoint = "tcp://127.0.0.1:*";
+    assert_int_equal(ctl_server_new(svc, user, &so, s, err), 0);
+    assert_int_equal(ctl_client_new(NULL, c, err), 0);
+}
+
 typedef struct keeper {
     ctl_hold *held[2];
     int n;
@@ -908,15 +920,11 @@ static void test_hold_outlives_the_request(void **state)
     static const ctl_op ops[] = {{.name = "keep", .handler = op_keep}};
     const ctl_service svc = {.name = "keeper", .ops = ops, .op_count = 1};
     keeper k = {{NULL, NULL}, 0, 0};
-    ctl_server_options so;
     ctl_server *s = NULL;
     ctl_client *c = NULL;
     ctl_error err;
     ctl_error_init(&err);
-    ctl_server_options_init(&so);
-    so.endpoint = "tcp://127.0.0.1:*";
-    assert_int_equal(ctl_server_new(&svc, &k, &so, &s, &err), 0);
-    assert_int_equal(ctl_client_new(NULL, &c, &err), 0);
+    serve_on_loopback(&svc, &k, &s, &c, &err);
 
     size_t sizes[2] = {7, (size_t)1 << 20};
     unsigned char *data[2];
@@ -1045,13 +1053,10 @@ static void test_reply_shares_hold_and_blob(void **state)
                                  {.name = "keep2", .handler = op_keep2}};
     const ctl_service svc = {.name = "sharer", .ops = ops, .op_count = 3};
     sharer sh = {NULL, NULL, NULL};
-    ctl_server_options so;
     ctl_server *s = NULL;
     ctl_client *c = NULL;
     ctl_error err;
     ctl_error_init(&err);
-    ctl_server_options_init(&so);
-    so.endpoint = "tcp://127.0.0.1:*";
     size_t size = (size_t)1 << 20;
     unsigned char *a = malloc(size), *b = malloc(size);
     assert_non_null(a);
@@ -1062,8 +1067,7 @@ static void test_reply_shares_hold_and_blob(void **state)
     }
     assert_non_null(sh.blob = ctl_blob_new(size));
     memcpy(ctl_blob_data(sh.blob), b, size);
-    assert_int_equal(ctl_server_new(&svc, &sh, &so, &s, &err), 0);
-    assert_int_equal(ctl_client_new(NULL, &c, &err), 0);
+    serve_on_loopback(&svc, &sh, &s, &c, &err);
     const char *address = ctl_server_endpoint(s);
 
     tu_buf args;
