@@ -1165,11 +1165,25 @@ out:
                median_ratio(s->async.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
                s->ours.fds, s->bare.fds, s->idle_ms_per_s);
     }
+    /* Whether the work per target grows with the batch: each side's CPU
+     * per target against its own at the smallest size, the bare side's
+     * growth (the kernel's and libzmq's, with more connections) beside
+     * it. */
+    printf("\n| servers | CPU per target vs %zu servers: blocking | async | bare |\n"
+           "|---:|---:|---:|---:|\n", res[0].n);
+    for (int k = 0; k < done; k++) {
+        fan_size *s = &res[k];
+        printf("| %zu | %.3fx | %.3fx | %.3fx |\n", s->n,
+               bench_median(s->ours.cpu, R) / bench_median(res[0].ours.cpu, R),
+               bench_median(s->async.cpu, R) / bench_median(res[0].async.cpu, R),
+               bench_median(s->bare.cpu, R) / bench_median(res[0].bare.cpu, R));
+    }
     printf("\n(per target = batch p50 / units; the three sides take turns batch by batch; "
            "CPU = this process's CPU time during a side's batches / targets; RSS and files: a "
            "fresh client and context per size, before and after its first batch; idle CPU = "
            "this process's CPU time a second over %d ms after the rounds, both clients idle "
-           "with their sockets pooled)\n", IDLE_MEASURE_MS);
+           "with their sockets pooled; CPU vs %zu servers: the medians' ratio)\n",
+           IDLE_MEASURE_MS, res[0].n);
     fflush(stdout);
     return rc;
 }
