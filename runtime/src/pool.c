@@ -31,6 +31,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,10 @@
 #include "transport_int.h"
 #include "util_int.h"
 
-#define BUCKETS 256
+/* The address table starts with this many buckets and doubles whenever it
+ * holds more entries than buckets, so that finding an address costs the
+ * same with a thousand units as with ten. */
+#define BUCKETS_MIN 64
 #define IDLE_LINGER_MS 100
 /* How long a dropped connection must stay without a reconnect before the
  * drop is taken as this side's doing: ZeroMQ schedules the reconnect of a
@@ -68,6 +72,7 @@
 struct ctl_addr {
     struct ctl_addr *next;
     char *address;
+    uint32_t hash;           /* hash(address) */
     ctl_conn **idle;
     unsigned n_idle, cap_idle;
     unsigned lent;           /* connections lent out now */
@@ -98,7 +103,8 @@ struct ctl_pool {
     void *ctx;
     ctl_pool_options opts;
     pthread_mutex_t mu;
-    ctl_addr *buckets[BUCKETS];
+    ctl_addr **buckets;  /* n_buckets chains, a power of two */
+    size_t n_buckets;
     retired *ring; /* opts.max_retired slots */
     unsigned ring_head, ring_len;
     size_t n_entries;
@@ -127,10 +133,14 @@ ctl_pool *ctl_pool_new(void *ctx, const ctl_pool_options *opts)
     if (p->opts.max_retired == 0)
         p->opts.max_retired = 1;
     p->ring = calloc(p->opts.max_retired, sizeof *p->ring);
-    if (!p->ring) {
+    p->buckets = calloc(BUCKETS_MIN, sizeof *p->buckets);
+    if (!p->ring || !p->buckets) {
+        free(p->ring);
+        free(p->buckets);
         free(p);
         return NULL;
     }
+    p->n_buckets = BUCKETS_MIN;
     pthread_mutex_init(&p->mu, NULL);
     atomic_init(&p->epfd, -1);
     atomic_init(&p->graveyard, NULL);
@@ -264,7 +274,7 @@ static void unlink_entry(ctl_pool *p, ctl_addr *e);
 static void mark_monitors(ctl_pool *p)
 {
     size_t n = 0;
-    for (unsigned b = 0; b < BUCKETS; b++)
+    for (size_t b = 0; b < p->n_buckets; b++)
         for (ctl_addr *e = p->buckets[b]; e; e = e->next)
             for (unsigned i = 0; i < e->n_idle; i++) {
                 e->idle[i]->mon_ready = 1;
@@ -280,7 +290,7 @@ static void mark_monitors(ctl_pool *p)
         p->mon_fds_cap = n;
     }
     size_t k = 0;
-    for (unsigned b = 0; b < BUCKETS; b++)
+    for (size_t b = 0; b < p->n_buckets; b++)
         for (ctl_addr *e = p->buckets[b]; e; e = e->next)
             for (unsigned i = 0; i < e->n_idle; i++)
                 if (e->idle[i]->mon_fd >= 0)
@@ -288,7 +298,7 @@ static void mark_monitors(ctl_pool *p)
     if (poll(p->mon_fds, (nfds_t)n, 0) < 0)
         return;
     k = 0;
-    for (unsigned b = 0; b < BUCKETS; b++)
+    for (size_t b = 0; b < p->n_buckets; b++)
         for (ctl_addr *e = p->buckets[b]; e; e = e->next)
             for (unsigned i = 0; i < e->n_idle; i++)
                 if (e->idle[i]->mon_fd >= 0)
@@ -302,7 +312,7 @@ void ctl_pool_upkeep(ctl_pool *p, int64_t now)
     mark_monitors(p);
     ctl_addr *lru = NULL;
     size_t forgettable = 0;
-    for (unsigned b = 0; b < BUCKETS; b++) {
+    for (size_t b = 0; b < p->n_buckets; b++) {
         for (ctl_addr *e = p->buckets[b]; e; e = e->next) {
             unsigned keep = 0;
             for (unsigned i = 0; i < e->n_idle; i++) {
@@ -330,7 +340,7 @@ void ctl_pool_upkeep(ctl_pool *p, int64_t now)
         if (--forgettable == 0)
             break;
         lru = NULL;
-        for (unsigned b = 0; b < BUCKETS; b++)
+        for (size_t b = 0; b < p->n_buckets; b++)
             for (ctl_addr *e = p->buckets[b]; e; e = e->next)
                 if (!e->n_idle && !e->lent &&
                     !atomic_load_explicit(&e->sockets, memory_order_relaxed) &&
@@ -341,12 +351,43 @@ void ctl_pool_upkeep(ctl_pool *p, int64_t now)
     pthread_mutex_unlock(&p->mu);
 }
 
+static ctl_addr **bucket_of(ctl_pool *p, uint32_t h)
+{
+    return &p->buckets[h & (p->n_buckets - 1)];
+}
+
 static ctl_addr *find_entry(ctl_pool *p, const char *address, uint32_t h)
 {
-    for (ctl_addr *e = p->buckets[h % BUCKETS]; e; e = e->next)
-        if (strcmp(e->address, address) == 0)
+    for (ctl_addr *e = *bucket_of(p, h); e; e = e->next)
+        if (e->hash == h && strcmp(e->address, address) == 0)
             return e;
     return NULL;
+}
+
+/* Double the buckets once there are more entries than buckets. Out of
+ * memory the table stays as it is: chains grow longer, lookups stay
+ * right. Called with the mutex held. */
+static void grow_buckets(ctl_pool *p)
+{
+    if (p->n_entries <= p->n_buckets || p->n_buckets > SIZE_MAX / 2 / sizeof *p->buckets)
+        return;
+    size_t n = p->n_buckets * 2;
+    ctl_addr **grown = calloc(n, sizeof *grown);
+    if (!grown)
+        return;
+    for (size_t b = 0; b < p->n_buckets; b++) {
+        ctl_addr *e = p->buckets[b];
+        while (e) {
+            ctl_addr *next = e->next;
+            ctl_addr **at = &grown[e->hash & (n - 1)];
+            e->next = *at;
+            *at = e;
+            e = next;
+        }
+    }
+    free(p->buckets);
+    p->buckets = grown;
+    p->n_buckets = n;
 }
 
 /* Find or create the entry for `address`, validating it on creation.
@@ -370,6 +411,7 @@ static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
     e = calloc(1, sizeof *e);
     if (e) {
         e->address = ctl_strndup(address, strlen(address));
+        e->hash = h;
         e->cap_idle = p->opts.max_idle_per_address ? p->opts.max_idle_per_address : 1;
         e->idle = calloc(e->cap_idle, sizeof *e->idle);
         e->used_ms = ctl_now_ms();
@@ -385,16 +427,18 @@ static ctl_addr *get_entry(ctl_pool *p, const char *address, ctl_error *err)
                            address);
         return NULL;
     }
-    e->next = p->buckets[h % BUCKETS];
-    p->buckets[h % BUCKETS] = e;
+    ctl_addr **at = bucket_of(p, h);
+    e->next = *at;
+    *at = e;
     p->n_entries++;
+    grow_buckets(p);
     return e;
 }
 
 /* Remove `e` (no connection refers to it) and free it. Mutex held. */
 static void unlink_entry(ctl_pool *p, ctl_addr *e)
 {
-    ctl_addr **at = &p->buckets[hash(e->address) % BUCKETS];
+    ctl_addr **at = bucket_of(p, e->hash);
     while (*at && *at != e)
         at = &(*at)->next;
     if (*at)
@@ -856,7 +900,7 @@ size_t ctl_pool_addresses(ctl_pool *p, const char **out, size_t max)
 {
     size_t n = 0;
     pthread_mutex_lock(&p->mu);
-    for (unsigned b = 0; b < BUCKETS; b++)
+    for (size_t b = 0; b < p->n_buckets; b++)
         for (ctl_addr *e = p->buckets[b]; e; e = e->next, n++)
             if (out && n < max)
                 out[n] = e->address;
@@ -889,7 +933,7 @@ void ctl_pool_destroy(ctl_pool **pool)
     ctl_pool *p = *pool;
     memset(p->opts.curve_secret, 0, sizeof p->opts.curve_secret);
     sweep(p, ctl_now_ms(), 1);
-    for (unsigned b = 0; b < BUCKETS; b++) {
+    for (size_t b = 0; b < p->n_buckets; b++) {
         ctl_addr *e = p->buckets[b];
         while (e) {
             ctl_addr *next = e->next;
@@ -904,6 +948,7 @@ void ctl_pool_destroy(ctl_pool **pool)
     ctl_pool_reap(p); /* the engine has stopped */
     pthread_mutex_destroy(&p->mu);
     free(p->ring);
+    free(p->buckets);
     free(p->mon_fds);
     free(p);
     *pool = NULL;

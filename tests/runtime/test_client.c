@@ -749,6 +749,51 @@ static void test_address_stats(void **state)
     assert_int_equal(ctl_client_addresses(f->client, NULL, 0), 2);
 }
 
+/* Thousands of addresses (the client's table grows as they come): each
+ * keeps its own counters, found again after every growth, and none is
+ * listed twice. A timeout of 0 makes each call's entry without a socket. */
+static void test_address_stats_many(void **state)
+{
+    enum { N = 3000 };
+    fx *f = *state;
+    static char names[N][40];
+    for (int pass = 1; pass <= 2; pass++)
+        for (int i = 0; i < N; i++) {
+            snprintf(names[i], sizeof names[i], "tcp://127.0.0.1:%d", 20000 + i);
+            assert_int_equal(call(f, names[i], "echo", 0), CTL_TRANSFER);
+            assert_int_equal(f->err.cause, CTL_CAUSE_TIMEOUT);
+        }
+    assert_int_equal(call(f, f->unit.endpoint, "echo", CALL_MS), 0);
+    for (int i = 0; i < N; i++) {
+        ctl_address_stats s;
+        ctl_client_address_stats(f->client, names[i], &s);
+        assert_int_equal(s.timeouts, 2);
+        assert_int_equal(s.calls, 0);
+    }
+    ctl_address_stats unit, none;
+    ctl_client_address_stats(f->client, f->unit.endpoint, &unit);
+    ctl_client_address_stats(f->client, "tcp://127.0.0.1:19999", &none);
+    assert_int_equal(unit.calls, 1);
+    assert_int_equal(none.timeouts, 0);
+
+    static const char *listed[N + 2];
+    assert_int_equal(ctl_client_addresses(f->client, listed, N + 2), N + 1);
+    int seen_unit = 0;
+    static unsigned char seen[N];
+    memset(seen, 0, sizeof seen);
+    for (int k = 0; k < N + 1; k++) {
+        int port = 0;
+        if (strcmp(listed[k], f->unit.endpoint) == 0) {
+            seen_unit++;
+            continue;
+        }
+        assert_int_equal(sscanf(listed[k], "tcp://127.0.0.1:%d", &port), 1);
+        assert_true(port >= 20000 && port < 20000 + N);
+        assert_int_equal(seen[port - 20000]++, 0);
+    }
+    assert_int_equal(seen_unit, 1);
+}
+
 /* Read the client's stats until late_replies reaches `want` (the I/O
  * thread's upkeep drains retired sockets a few times a second) or 5 s
  * pass. */
@@ -1508,6 +1553,7 @@ int main(void)
         T(test_oversize_request_not_sent),
         T(test_oversize_reply_dropped),
         T(test_address_stats),
+        T(test_address_stats_many),
         T(test_timeout_then_late_reply),
         T(test_fake_wrong_id_then_right),
         T(test_fake_unknown_kind),
