@@ -409,7 +409,6 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
     }
     if (count == 0)
         return 0;
-    /* The engine drives it; this thread waits. */
     ctl_call *call = ctl_call_alloc(client, op, addresses, count, 1,
                                     resolve_timeout(client, timeout_ms));
     ctl_error err;
@@ -423,9 +422,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
             call->reqs[i] = reqs[i]; /* moved */
             memset(&reqs[i], 0, sizeof reqs[i]);
         }
-        call->flags = flags;
-        call->send_on_submit = CTL_SEND_ALL; /* this thread waits anyway */
-        rc = ctl_call_submit(call, &call, &err);
+        rc = ctl_client_many_run(call, flags, &err);
     }
     if (rc != 0) {
         for (size_t i = 0; i < count; i++) {
@@ -435,7 +432,6 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
         ctl_error_fini(&err);
         return count > INT32_MAX ? INT32_MAX : (int)count;
     }
-    ctl_call_wait(call, -1);
     size_t failed = 0;
     for (size_t i = 0; i < count; i++) {
         outcomes[i] = call->outcomes[i]; /* moved */
@@ -446,6 +442,18 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
     }
     ctl_call_release(call);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
+}
+
+int ctl_client_many_run(ctl_call *call, unsigned flags, ctl_error *err)
+{
+    /* The engine drives it; this thread sends on the idle sockets (as an
+     * asynchronous fan-out does, engine_int.h) and waits. */
+    call->flags = flags;
+    call->send_on_submit = CTL_SEND_IDLE;
+    int rc = ctl_call_submit(call, &call, err);
+    if (rc == 0)
+        ctl_call_wait(call, -1);
+    return rc;
 }
 
 int ctl_client_call_many(ctl_client *client, const char *op,

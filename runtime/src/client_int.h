@@ -27,4 +27,16 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
                              size_t count, int timeout_ms, unsigned flags,
                              ctl_outcome *outcomes);
 
+/* Run a blocking fan-out: `call` comes from ctl_call_alloc (many, with a
+ * count of at least one) with its requests packed in call->reqs (packed
+ * there, after the allocation, so that they are still in the cache when
+ * they are sent). Its requests with an idle socket are sent on this
+ * thread, the rest by the I/O thread, and this thread waits for every
+ * outcome. Returns 0 with the outcomes in call->outcomes;
+ * the caller takes them and releases the call (ctl_call_release).
+ * Otherwise (the client refused it: its cap on calls in flight, or it is
+ * being destroyed) the call is freed, nothing was sent, and `err` says
+ * why. */
+int ctl_client_many_run(ctl_call *call, unsigned flags, ctl_error *err);
+
 #endif /* CTLRPC_CLIENT_INT_H */

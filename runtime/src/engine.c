@@ -305,8 +305,8 @@ static void rq_no_address(ctl_call *call, size_t i)
     rq->done = 1;
 }
 
-/* Send the requests of `call` on the calling thread (send_on_submit):
- * every one, or those with an idle socket (CTL_SEND_IDLE). The sockets are
+/* Send the requests of `call` that have an idle socket on the calling
+ * thread (send_on_submit, CTL_SEND_IDLE). The sockets are
  * lent to this thread until the I/O thread takes the call over: it
  * ignores their signals meanwhile (no engine request on them) and reads
  * each one as it adopts it (watch). A request that fails here is done,
@@ -315,7 +315,6 @@ static void rq_no_address(ctl_call *call, size_t i)
 static void send_here(ctl_call *call)
 {
     ctl_client *c = call->client;
-    int idle_only = call->send_on_submit == CTL_SEND_IDLE;
     rqs_setup(call);
     for (size_t i = 0; i < call->count; i++) {
         ctl_rq *rq = &call->rqs[i];
@@ -323,7 +322,7 @@ static void send_here(ctl_call *call)
             rq_no_address(call, i);
             continue;
         }
-        rq->idle_only = idle_only;
+        rq->idle_only = 1;
         ctl_rq_send(c, rq);
         rq->idle_only = 0;
     }

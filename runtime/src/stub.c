@@ -187,28 +187,31 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
     if (count == 0)
         return 0;
 
-    ctl_frame *reqs = calloc(count, sizeof *reqs);
-    ctl_outcome *raw = calloc(count, sizeof *raw);
-    size_t failed = 0;
-    if (!reqs || !raw) {
+    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    ctl_call *call = ctl_call_alloc(client, op->name, addresses, count, 1, tmo);
+    ctl_error err;
+    ctl_error_init(&err);
+    int rc;
+    if (!call) {
+        rc = ctl_error_transfer(&err, CTL_CAUSE_NOMEM, "%s_many: out of memory",
+                                op->name);
+    } else {
+        /* One frame per target, args packed straight into the call; a
+         * target whose packing ran out of memory gets its own error from
+         * the fan-out. */
         for (size_t i = 0; i < count; i++)
-            ctl_error_transfer(outcome_error(op, outcomes, i), CTL_CAUSE_NOMEM,
-                               "%s_many: out of memory", op->name);
-        free(reqs);
-        free(raw);
+            frame_request(&call->reqs[i], op, false,
+                          args ? (const char *)args + i * op->args->size : NULL);
+        rc = ctl_client_many_run(call, call_flags(op), &err);
+    }
+    if (rc != 0) {
+        for (size_t i = 0; i < count; i++)
+            ctl_error_copy(outcome_error(op, outcomes, i), &err);
+        ctl_error_fini(&err);
         return count > INT32_MAX ? INT32_MAX : (int)count;
     }
-    /* One frame per target, args packed straight into it; a target whose
-     * packing ran out of memory gets its own error from the fan-out. */
-    for (size_t i = 0; i < count; i++)
-        frame_request(&reqs[i], op, false,
-                      args ? (const char *)args + i * op->args->size : NULL);
-    ctl_client_call_many_req(client, op->name, addresses, reqs, count,
-                             timeout_ms, call_flags(op), raw);
-    failed = typed_outcomes(op, raw, addresses, outcomes, count);
-    ctl_outcomes_fini(raw, count);
-    free(reqs);
-    free(raw);
+    size_t failed = typed_outcomes(op, call->outcomes, addresses, outcomes, count);
+    ctl_call_release(call);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }
 
