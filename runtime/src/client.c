@@ -278,7 +278,7 @@ static void collect_one(ctl_client *c, ctl_rq *p, int64_t deadline_ms)
     }
 }
 
-static int resolve_timeout(const ctl_client *c, int timeout_ms)
+int ctl_client_timeout(const ctl_client *c, int timeout_ms)
 {
     return timeout_ms < 0 ? c->opts.default_timeout_ms : timeout_ms;
 }
@@ -335,7 +335,7 @@ int ctl_client_call_req(ctl_client *client, const char *address,
         ctl_error_fini(&local);
         return rc;
     }
-    int tmo = resolve_timeout(client, timeout_ms);
+    int tmo = ctl_client_timeout(client, timeout_ms);
     int64_t deadline = ctl_now_ms() + tmo;
     ctl_rq p;
     ctl_rq_init(&p, address, op, tmo, req, reply, e);
@@ -410,7 +410,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
     if (count == 0)
         return 0;
     ctl_call *call = ctl_call_alloc(client, op, addresses, count, 1,
-                                    resolve_timeout(client, timeout_ms));
+                                    ctl_client_timeout(client, timeout_ms));
     ctl_error err;
     ctl_error_init(&err);
     int rc;
@@ -626,7 +626,7 @@ int ctl_client_call_start_ex(ctl_client *client, const char *address,
                                         : "args is NULL but args_len is not 0");
     ctl_error_clear(err);
     ctl_call *c = ctl_call_alloc(client, op, &address, 1, 0,
-                                 resolve_timeout(client, timeout_ms));
+                                 ctl_client_timeout(client, timeout_ms));
     if (!c)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                                   "call %s at %s: out of memory", op, address);
@@ -668,7 +668,7 @@ int ctl_client_call_many_start_ex(ctl_client *client, const char *op,
         addresses[i] = targets[i].args || !targets[i].args_len
                            ? targets[i].address : NULL;
     ctl_call *c = ctl_call_alloc(client, op, addresses, count, 1,
-                                 resolve_timeout(client, timeout_ms));
+                                 ctl_client_timeout(client, timeout_ms));
     free(addresses);
     if (!c)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM,

@@ -13,6 +13,10 @@
 #include "ctlrpc/client.h"
 #include "envelope_int.h"
 
+/* A call's timeout: `timeout_ms`, or the client's default_timeout_ms when
+ * it is negative. */
+int ctl_client_timeout(const ctl_client *c, int timeout_ms);
+
 /* As ctl_client_call_ex / ctl_client_notify / ctl_client_call_many_ex,
  * with the requests already packed. Every request is consumed (sent or
  * released), whatever the outcome. */

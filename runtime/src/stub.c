@@ -187,7 +187,7 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
     if (count == 0)
         return 0;
 
-    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    int tmo = ctl_client_timeout(client, timeout_ms);
     ctl_call *call = ctl_call_alloc(client, op->name, addresses, count, 1, tmo);
     ctl_error err;
     ctl_error_init(&err);
@@ -383,7 +383,7 @@ int ctl_stub_call_start(ctl_client *client, const char *address,
                       : !done ? "done" : !thunk ? "thunk" : "args");
         return start_failed(client, &err);
     }
-    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    int tmo = ctl_client_timeout(client, timeout_ms);
     ctl_call *c = ctl_call_alloc(client, op->name, &address, 1, 0, tmo);
     if (!c) {
         ctl_error_transfer(&err, CTL_CAUSE_NOMEM, "%s at %s: out of memory",
@@ -420,7 +420,7 @@ int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
                       : !thunk ? "thunk" : !addresses ? "addresses" : "args");
         return start_failed(client, &err);
     }
-    int tmo = timeout_ms < 0 ? client->opts.default_timeout_ms : timeout_ms;
+    int tmo = ctl_client_timeout(client, timeout_ms);
     ctl_call *c = ctl_call_alloc(client, op->name, addresses, count, 1, tmo);
     void *typed = calloc(count ? count : 1, op->outcome_size);
     if (!c || !typed) {
