@@ -19,12 +19,17 @@
  *            request's id, 64 to a child process served by one thread
  *            polling them all. Both sides meet identical servers, so the
  *            figures say what the client costs, and this process is the
- *            client alone. The three sides take turns batch by batch:
+ *            client alone. The three sides take turns batch by batch, in
+ *            an order where each follows each other equally often:
  *            batch p50/p99 and per target, the client's CPU per target
- *            (this process's CPU time during a side's batches), its memory
+ *            (the sum of this process's threads' CPU clocks over a side's
+ *            batches), the machine's TCP segments per target, its memory
  *            and open files per address (VmRSS and /proc/self/fd, before
  *            and after the first batch, a fresh client and context for
  *            each size), and its CPU a second while both clients idle.
+ *            Then again with batches of 16, 64 and 256 to one fleet of
+ *            1024 (each batch to the next ones, every connection warm),
+ *            so that the work per target is seen against the batch alone.
  *   held     one unit (in this process: the storage service's handlers and
  *            store behind storage_serve) filled to 10 thousand, 1 million
  *            and, memory allowing, 10 million blobs of 8 bytes, straight
@@ -67,6 +72,7 @@
 #include "unitproc.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -826,11 +832,15 @@ static const unsigned char stats_req[] = {
     '0', '0', '1', '@', '1', '7', '9', '6', '0', '0', '0', '0', '0', '0', '0', '0', '0',
     0x80};
 
+/* A fan-out side. Each batch goes to the next `n` of the `fleet` addresses
+ * the side has sockets for (n divides fleet), so a batch of 16 can go to
+ * 16 units of a fleet of 1024 whose every connection is warm, as well as
+ * to a fleet of 16. */
 typedef struct fan_ours {
     ctl_client *client;
-    const char **addresses;
-    storage_stats_outcome *outcomes;
-    size_t n;
+    const char **addresses;          /* the fleet's */
+    storage_stats_outcome *outcomes; /* as many */
+    size_t n, fleet, next;
     int async; /* storage_stats_many_start and wait, not storage_stats_many */
     int async_failed;
 } fan_ours;
@@ -845,18 +855,20 @@ static void fan_async_done(void *user, storage_stats_outcome *outcomes, size_t c
 }
 
 typedef struct fan_bare {
-    void **socks;
-    zmq_pollitem_t *items;
-    size_t *which;
-    size_t n;
+    void **socks;          /* the fleet's, a DEALER an address */
+    zmq_pollitem_t *items; /* as many */
+    size_t *which;         /* as many */
+    size_t n, fleet, next;
 } fan_bare;
 
 static int fan_ours_batch(fan_ours *f)
 {
+    const char **addresses = f->addresses + f->next;
+    f->next = (f->next + f->n) % f->fleet;
     if (f->async) {
         ctl_call *call = NULL;
         f->async_failed = -1;
-        if (storage_stats_many_start(f->client, f->addresses, f->n, CALL_TIMEOUT_MS,
+        if (storage_stats_many_start(f->client, addresses, f->n, CALL_TIMEOUT_MS,
                                      fan_async_done, f, &call) != 0 ||
             ctl_call_wait(call, -1) != 0) {
             bench_fail("stats_many_start over %zu: could not start or wait", f->n);
@@ -866,8 +878,7 @@ static int fan_ours_batch(fan_ours *f)
         ctl_call_release(call);
         return f->async_failed == 0 ? 0 : -1;
     }
-    int failed = storage_stats_many(f->client, f->addresses, f->n, CALL_TIMEOUT_MS,
-                                    f->outcomes);
+    int failed = storage_stats_many(f->client, addresses, f->n, CALL_TIMEOUT_MS, f->outcomes);
     if (failed != 0)
         for (size_t i = 0; i < f->n; i++)
             if (f->outcomes[i].error.kind != CTL_OK) {
@@ -879,13 +890,15 @@ static int fan_ours_batch(fan_ours *f)
     return failed ? -1 : 0;
 }
 
-/* Send to every echo socket, then collect every reply, polling the ones
- * still waiting. */
+/* Send to every echo socket of the batch, then collect every reply,
+ * polling the ones still waiting. */
 static int fan_bare_batch(fan_bare *f)
 {
+    void **socks = f->socks + f->next;
     size_t left = f->n;
+    f->next = (f->next + f->n) % f->fleet;
     for (size_t i = 0; i < f->n; i++) {
-        if (zmq_send(f->socks[i], stats_req, sizeof stats_req, 0) < 0) {
+        if (zmq_send(socks[i], stats_req, sizeof stats_req, 0) < 0) {
             bench_fail("bare fan-out: send to socket %zu: %s", i, zmq_strerror(zmq_errno()));
             return -1;
         }
@@ -893,7 +906,7 @@ static int fan_bare_batch(fan_bare *f)
     }
     while (left) {
         for (size_t j = 0; j < left; j++)
-            f->items[j] = (zmq_pollitem_t){f->socks[f->which[j]], 0, ZMQ_POLLIN, 0};
+            f->items[j] = (zmq_pollitem_t){socks[f->which[j]], 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(f->items, (int)left, CALL_TIMEOUT_MS);
         if (rc <= 0) {
             bench_fail("bare fan-out over %zu: %s", f->n,
@@ -907,7 +920,7 @@ static int fan_bare_batch(fan_bare *f)
             if (f->items[j].revents & ZMQ_POLLIN) {
                 zmq_msg_t m;
                 zmq_msg_init(&m);
-                got = zmq_msg_recv(&m, f->socks[i], ZMQ_DONTWAIT) >= 0;
+                got = zmq_msg_recv(&m, socks[i], ZMQ_DONTWAIT) >= 0;
                 zmq_msg_close(&m);
             }
             if (!got)
@@ -918,48 +931,200 @@ static int fan_bare_batch(fan_bare *f)
     return 0;
 }
 
+/* One batch to the whole fleet: how every connection is made and warmed. */
+static int fan_ours_all(fan_ours *f)
+{
+    size_t n = f->n;
+    f->n = f->fleet;
+    f->next = 0;
+    int rc = fan_ours_batch(f);
+    f->n = n;
+    return rc;
+}
+
+static int fan_bare_all(fan_bare *f)
+{
+    size_t n = f->n;
+    f->n = f->fleet;
+    f->next = 0;
+    int rc = fan_bare_batch(f);
+    f->n = n;
+    return rc;
+}
+
 typedef struct fan_side {
     double p50[BENCH_MAX_ROUNDS], p99[BENCH_MAX_ROUNDS], cpu[BENCH_MAX_ROUNDS];
-    double rss_kib, fds;        /* per address, after the first batch */
+    double rss_kib, fds; /* per address, after the first batch */
 } fan_side;
 
-/* This process's CPU time in ns: every thread of it, the engine's I/O
- * thread and ZeroMQ's among them. */
-static uint64_t cpu_ns_self(void)
+/* This process's CPU time, exactly: the sum of its threads' CPU clocks.
+ * CLOCK_PROCESS_CPUTIME_ID is not exact. The kernel adds to it what a
+ * thread running on another CPU has run only when that CPU next books it
+ * (a tick, a switch), so up to a tick of a busy thread's work (4 ms at
+ * 250 Hz) lands after the batch it belongs to, in the next side's. Over a
+ * batch of 1024 targets that read about 1.5 us a target off the bare
+ * fan-out, whose ZeroMQ I/O thread runs without a break to the end of a
+ * batch, and onto the side after it. A thread's own clock is brought up
+ * to date when it is read. */
+typedef struct proc_clocks {
+    clockid_t *others; /* every other thread's clock */
+    size_t n;
+} proc_clocks;
+
+#define CLOCK_UNREAD UINT64_MAX
+
+/* The CPU clock of thread `tid` of this process, in Linux's encoding of a
+ * thread clock (the value pthread_getcpuclockid gives): the threads of
+ * ZeroMQ and of the client were not started here, so only their ids are
+ * known. */
+static clockid_t tid_clock(unsigned tid)
+{
+    return (clockid_t)((~tid << 3) | 6u);
+}
+
+/* The threads of this process other than the caller, from
+ * /proc/self/task: taken once a round, as no thread starts or ends during
+ * one (a client's I/O thread and ZeroMQ's start with them). */
+static int proc_clocks_scan(proc_clocks *p)
+{
+    DIR *d = opendir("/proc/self/task");
+    size_t cap = 0;
+    struct dirent *e;
+    unsigned self = (unsigned)gettid();
+    free(p->others);
+    p->others = NULL;
+    p->n = 0;
+    if (!d) {
+        bench_fail("cannot list this process's threads (/proc/self/task): %s", strerror(errno));
+        return -1;
+    }
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        unsigned long tid = strtoul(e->d_name, &end, 10);
+        if (e->d_name[0] == '.' || *end || tid == self)
+            continue;
+        if (p->n == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            clockid_t *grown = realloc(p->others, ncap * sizeof *grown);
+            if (!grown) {
+                closedir(d);
+                bench_fail("out of memory");
+                return -1;
+            }
+            p->others = grown;
+            cap = ncap;
+        }
+        p->others[p->n++] = tid_clock((unsigned)tid);
+    }
+    closedir(d);
+    return 0;
+}
+
+static uint64_t clock_read_ns(clockid_t c)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    if (clock_gettime(c, &ts) != 0)
+        return CLOCK_UNREAD; /* the thread has ended */
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Every thread's clock into ns[0..n]: this thread's last when `start` and
+ * first otherwise, so that reading the others is outside the window. */
+static void proc_clocks_read(const proc_clocks *p, uint64_t *ns, int start)
+{
+    if (!start)
+        ns[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
+    for (size_t i = 0; i < p->n; i++)
+        ns[i] = clock_read_ns(p->others[i]);
+    if (start)
+        ns[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+/* The CPU time between two readings, in ns. */
+static uint64_t proc_clocks_spent(const proc_clocks *p, const uint64_t *a, const uint64_t *b)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i <= p->n; i++)
+        if (a[i] != CLOCK_UNREAD && b[i] != CLOCK_UNREAD && b[i] >= a[i])
+            sum += b[i] - a[i];
+    return sum;
+}
+
+/* The machine's TCP segments sent so far (Tcp OutSegs in /proc/net/snmp),
+ * -1 when it cannot be read. Over loopback that counts every segment once,
+ * requests, replies and any acknowledgement sent alone. */
+static long long tcp_out_segments(void)
+{
+    FILE *f = fopen("/proc/net/snmp", "r");
+    char names[2048], values[2048];
+    long long out = -1;
+    while (f && out < 0 && fgets(names, sizeof names, f) && fgets(values, sizeof values, f)) {
+        if (strncmp(names, "Tcp:", 4) != 0 || strncmp(values, "Tcp:", 4) != 0)
+            continue;
+        char *sn, *sv;
+        char *name = strtok_r(names, " \n", &sn), *value = strtok_r(values, " \n", &sv);
+        for (; name && value; name = strtok_r(NULL, " \n", &sn), value = strtok_r(NULL, " \n", &sv))
+            if (strcmp(name, "OutSegs") == 0) {
+                out = strtoll(value, NULL, 10);
+                break;
+            }
+    }
+    if (f)
+        fclose(f);
+    return out;
+}
+
+/* The order of the three sides (0 blocking, 1 asynchronous, 2 bare) in six
+ * turns: each side goes first, second and third equally often, and
+ * follows each other side equally often (a Williams design), so that what
+ * a batch leaves behind (its frees, the kernel's work for its connections)
+ * weighs on every side alike. A plain rotation (0 1 2, 1 2 0, 2 0 1) puts
+ * the blocking side after the bare one two times in three. */
+static const int fan_order[6][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1},
+                                    {0, 2, 1}, {2, 1, 0}, {1, 0, 2}};
+
 /* One round: `batches` batches of each side, interleaved batch by batch
- * (blocking, asynchronous, bare, in an order that rotates at every batch),
- * so that all three meet the same moments of a noisy machine; each
- * batch timed, and this process's CPU during each side's batches booked
- * to that side, per target. */
+ * (in the turns of fan_order), so that all three meet the same moments of
+ * a noisy machine; each batch
+ * timed, and this process's CPU during each side's batches booked to that
+ * side, per target. The TCP segments the machine sent are counted over the
+ * round, the three sides together (*segs, a target; < 0 unknown): reading
+ * them takes about 20 us, which between batches would change what it
+ * measures. */
 static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t batches, int r,
-                     fan_side *sides[3])
+                     fan_side *sides[3], double *segs)
 {
     uint64_t *lat[3] = {malloc(batches * sizeof(uint64_t)),
                         malloc(batches * sizeof(uint64_t)),
                         malloc(batches * sizeof(uint64_t))};
-    uint64_t cpu[3] = {0, 0, 0};
+    uint64_t cpu[3] = {0, 0, 0}, *c0 = NULL, *c1 = NULL;
+    long long seg0 = tcp_out_segments();
     int rc = -1;
-    if (!lat[0] || !lat[1] || !lat[2]) {
+    proc_clocks pc = {NULL, 0};
+    if (proc_clocks_scan(&pc) != 0)
+        goto out;
+    c0 = malloc((pc.n + 1) * sizeof *c0);
+    c1 = malloc((pc.n + 1) * sizeof *c1);
+    if (!lat[0] || !lat[1] || !lat[2] || !c0 || !c1) {
         bench_fail("out of memory");
         goto out;
     }
     for (size_t i = 0; i < batches; i++)
         for (int k = 0; k < 3; k++) {
-            int side = (int)((i + (size_t)k) % 3); /* 0 blocking, 1 async, 2 bare */
-            uint64_t c0 = cpu_ns_self(), t0 = now_ns();
+            int side = fan_order[i % 6][k];
+            proc_clocks_read(&pc, c0, 1);
+            uint64_t t0 = now_ns();
             if ((side == 2 ? fan_bare_batch(b) : fan_ours_batch(side == 1 ? a : o)) != 0)
                 goto out;
             lat[side][i] = now_ns() - t0;
-            cpu[side] += cpu_ns_self() - c0;
+            proc_clocks_read(&pc, c1, 0);
+            cpu[side] += proc_clocks_spent(&pc, c0, c1);
         }
+    long long seg1 = tcp_out_segments();
+    double targets = (double)(batches * b->n);
+    *segs = seg0 >= 0 && seg1 >= seg0 ? (double)(seg1 - seg0) / (3 * targets) : -1;
     for (int side = 0; side < 3; side++) {
-        sides[side]->cpu[r] = (double)cpu[side] / 1e3 / (double)(batches * b->n);
+        sides[side]->cpu[r] = (double)cpu[side] / 1e3 / targets;
         sides[side]->p50[r] = pct_us(lat[side], batches, 50);
         sides[side]->p99[r] = pct_us(lat[side], batches, 99);
     }
@@ -967,13 +1132,17 @@ static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t batches, int 
 out:
     for (int side = 0; side < 3; side++)
         free(lat[side]);
+    free(c0);
+    free(c1);
+    free(pc.others);
     return rc;
 }
 
 typedef struct fan_size {
-    size_t n;
+    size_t n, fleet;
     fan_side ours, async, bare;
-    double idle_ms_per_s; /* this process's CPU while both clients idle */
+    double segs[BENCH_MAX_ROUNDS]; /* TCP segments a target, < 0 unknown */
+    double idle_ms_per_s;          /* this process's CPU while both clients idle */
 } fan_size;
 
 /* Open files and resident KiB of this process, after giving freed heap
@@ -985,9 +1154,34 @@ static void self_usage(int *fds, size_t *rss)
     *rss = up_rss_kib(0);
 }
 
-/* One fan-out size: files and memory per address, then `rounds` rounds. */
-static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int rounds,
-                        fan_size *out)
+/* This process's CPU time over `ms` milliseconds of sleep, in ms a
+ * second: what the idle clients' upkeep costs. */
+static double idle_cpu_ms_per_s(int ms)
+{
+    proc_clocks pc = {NULL, 0};
+    uint64_t *c0 = NULL, *c1 = NULL;
+    double out = -1;
+    if (proc_clocks_scan(&pc) == 0 && (c0 = malloc((pc.n + 1) * sizeof *c0)) != NULL &&
+        (c1 = malloc((pc.n + 1) * sizeof *c1)) != NULL) {
+        struct timespec idle = {ms / 1000, (ms % 1000) * 1000000L};
+        proc_clocks_read(&pc, c0, 1);
+        uint64_t t0 = now_ns();
+        nanosleep(&idle, NULL);
+        double elapsed_s = (double)(now_ns() - t0) / 1e9;
+        proc_clocks_read(&pc, c1, 0);
+        out = (double)proc_clocks_spent(&pc, c0, c1) / 1e6 / elapsed_s;
+    }
+    free(c0);
+    free(c1);
+    free(pc.others);
+    return out;
+}
+
+/* One fan-out size: batches of `n` targets, each to the next n of a fleet
+ * of `fleet` servers (n divides fleet); files and memory per address, then
+ * `rounds` rounds. */
+static int fan_one_size(const hosts *units, const hosts *echos, size_t n, size_t fleet,
+                        int rounds, fan_size *out)
 {
     size_t batches = (cfg.quick ? 2000 : 50000) / n;
     void *octx = NULL, *bctx = NULL;
@@ -1001,29 +1195,31 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
         batches = cfg.quick ? 10 : 30;
     memset(out, 0, sizeof *out);
     out->n = n;
+    out->fleet = fleet;
     ctl_error_init(&err);
     o.n = b.n = n;
-    o.addresses = calloc(n, sizeof *o.addresses);
-    o.outcomes = calloc(n, sizeof *o.outcomes);
-    b.socks = calloc(n, sizeof *b.socks);
-    b.items = calloc(n, sizeof *b.items);
-    b.which = calloc(n, sizeof *b.which);
+    o.fleet = b.fleet = fleet;
+    o.addresses = calloc(fleet, sizeof *o.addresses);
+    o.outcomes = calloc(fleet, sizeof *o.outcomes);
+    b.socks = calloc(fleet, sizeof *b.socks);
+    b.items = calloc(fleet, sizeof *b.items);
+    b.which = calloc(fleet, sizeof *b.which);
     if (!o.addresses || !o.outcomes || !b.socks || !b.items || !b.which) {
         bench_fail("out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < fleet; i++)
         o.addresses[i] = units->endpoints[i];
     a = o;
     a.async = 1;
     a.outcomes = NULL;
 
     /* ctlrpc: a fresh context and client; files and memory per address
-     * from before the first batch to after it. The context holds both
-     * clients, blocking and asynchronous: each has three ZeroMQ sockets an
-     * address (the DEALER, its monitor and the monitor's reader), and
-     * room for the sockets retired along the way. */
-    octx = scale_ctx(8 * n + 256);
+     * from before the first batch (to the whole fleet) to after it. The
+     * context holds both clients, blocking and asynchronous: each has
+     * three ZeroMQ sockets an address (the DEALER, its monitor and the
+     * monitor's reader), and room for the sockets retired along the way. */
+    octx = scale_ctx(8 * fleet + 256);
     ctl_client_options_init(&co);
     co.zmq_context = octx;
     if (!octx || ctl_client_new(&co, &o.client, &err) != 0) {
@@ -1031,11 +1227,11 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
         goto out;
     }
     self_usage(&fd0, &rss0);
-    if (fan_ours_batch(&o) != 0)
+    if (fan_ours_all(&o) != 0)
         goto out;
     self_usage(&fd1, &rss1);
-    out->ours.fds = (double)(fd1 - fd0) / (double)n;
-    out->ours.rss_kib = ((double)rss1 - (double)rss0) / (double)n;
+    out->ours.fds = (double)(fd1 - fd0) / (double)fleet;
+    out->ours.rss_kib = ((double)rss1 - (double)rss0) / (double)fleet;
     /* The asynchronous side: its own client, callbacks on its I/O thread. */
     co.callbacks_on_io_thread = 1;
     if (ctl_client_new(&co, &a.client, &err) != 0) {
@@ -1044,57 +1240,53 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, int ro
     }
 
     /* Bare: a DEALER per address, likewise. */
-    bctx = scale_ctx(2 * n + 256);
+    bctx = scale_ctx(2 * fleet + 256);
     if (!bctx) {
         bench_fail("bare fan-out: no ZeroMQ context");
         goto out;
     }
     self_usage(&fd0, &rss0);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < fleet; i++) {
         int zero = 0;
         b.socks[i] = zmq_socket(bctx, ZMQ_DEALER);
         if (!b.socks[i] || zmq_setsockopt(b.socks[i], ZMQ_LINGER, &zero, sizeof zero) != 0 ||
             zmq_connect(b.socks[i], echos->endpoints[i]) != 0) {
-            bench_fail("bare fan-out: DEALER %zu of %zu to %s: %s", i + 1, n, echos->endpoints[i],
-                 zmq_strerror(zmq_errno()));
+            bench_fail("bare fan-out: DEALER %zu of %zu to %s: %s", i + 1, fleet,
+                 echos->endpoints[i], zmq_strerror(zmq_errno()));
             goto out;
         }
     }
-    if (fan_bare_batch(&b) != 0)
+    if (fan_bare_all(&b) != 0)
         goto out;
     self_usage(&fd1, &rss1);
-    out->bare.fds = (double)(fd1 - fd0) / (double)n;
-    out->bare.rss_kib = ((double)rss1 - (double)rss0) / (double)n;
+    out->bare.fds = (double)(fd1 - fd0) / (double)fleet;
+    out->bare.rss_kib = ((double)rss1 - (double)rss0) / (double)fleet;
 
-    /* Warm both, then the rounds. */
+    /* Warm every connection of all three, then the rounds. */
     for (size_t i = 0; i < 3; i++)
-        if (fan_ours_batch(&o) != 0 || fan_ours_batch(&a) != 0 || fan_bare_batch(&b) != 0)
+        if (fan_ours_all(&o) != 0 || fan_ours_all(&a) != 0 || fan_bare_all(&b) != 0)
             goto out;
     for (int r = 0; r < rounds; r++) {
         fan_side *sides[3] = {&out->ours, &out->async, &out->bare};
-        if (fan_round(&o, &a, &b, batches, r, sides) != 0)
+        if (fan_round(&o, &a, &b, batches, r, sides, &out->segs[r]) != 0)
             goto out;
-        bench_progress("fan-out to %zu: round %d/%d: batch p50 %.0f / %.0f (async) vs %.0f us, "
-                 "CPU %.1f / %.1f vs %.1f us/target", n, r + 1, cfg.rounds, out->ours.p50[r],
-                 out->async.p50[r], out->bare.p50[r], out->ours.cpu[r], out->async.cpu[r],
-                 out->bare.cpu[r]);
+        bench_progress("fan-out to %zu of %zu: round %d/%d: batch p50 %.0f / %.0f (async) vs "
+                 "%.0f us, CPU %.1f / %.1f vs %.1f us/target, %.2f TCP segments a target", n,
+                 fleet, r + 1, cfg.rounds, out->ours.p50[r], out->async.p50[r],
+                 out->bare.p50[r], out->ours.cpu[r], out->async.cpu[r], out->bare.cpu[r],
+                 out->segs[r]);
     }
     /* Both clients idle, each holding a pooled socket an address: what
      * their upkeep costs (the bare DEALERs cost nothing idle). */
-    if (rounds > 0) {
-        uint64_t c0 = cpu_ns_self(), t0 = now_ns();
-        struct timespec idle = {IDLE_MEASURE_MS / 1000, (IDLE_MEASURE_MS % 1000) * 1000000L};
-        nanosleep(&idle, NULL);
-        out->idle_ms_per_s = (double)(cpu_ns_self() - c0) / 1e6 /
-                             ((double)(now_ns() - t0) / 1e9);
-    }
+    if (rounds > 0 && (out->idle_ms_per_s = idle_cpu_ms_per_s(IDLE_MEASURE_MS)) < 0)
+        goto out;
     rc = 0;
 out:
     ctl_client_destroy(&a.client);
     ctl_client_destroy(&o.client);
     if (octx)
         zmq_ctx_term(octx);
-    for (size_t i = 0; b.socks && i < n; i++)
+    for (size_t i = 0; b.socks && i < fleet; i++)
         if (b.socks[i])
             zmq_close(b.socks[i]);
     if (bctx)
@@ -1108,14 +1300,69 @@ out:
     return rc;
 }
 
+/* The TCP segments a target, the median over the rounds, or "n/a". */
+static const char *fan_segs(const fan_size *s, int R, char *buf, size_t len)
+{
+    double m = bench_median(s->segs, R);
+    if (m < 0)
+        snprintf(buf, len, "n/a");
+    else
+        snprintf(buf, len, "%.2f", m);
+    return buf;
+}
+
+/* Each side's CPU per target at each size against its own at the first:
+ * whether the work per target grows with the batch. */
+static void fan_print_growth(const fan_size *res, int done, int R, const char *what)
+{
+    printf("\n| %s | CPU per target vs %zu: blocking | async | bare |\n|---:|---:|---:|---:|\n",
+           what, res[0].n);
+    for (int k = 0; k < done; k++) {
+        const fan_size *s = &res[k];
+        printf("| %zu | %.3fx | %.3fx | %.3fx |\n", s->n,
+               bench_median(s->ours.cpu, R) / bench_median(res[0].ours.cpu, R),
+               bench_median(s->async.cpu, R) / bench_median(res[0].async.cpu, R),
+               bench_median(s->bare.cpu, R) / bench_median(res[0].bare.cpu, R));
+    }
+}
+
+/* Batch latency and CPU per target of the three sides, and their ratios. */
+static void fan_print_sides(const fan_size *res, int done, int R, const char *what)
+{
+    char segs[64];
+    printf("| %s | batch p50 us | async p50 us | bare p50 us | ratio | async ratio "
+           "| batch p99 us | async p99 us | bare p99 us | p50 per target us | bare per target us "
+           "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", what);
+    for (int k = 0; k < done; k++) {
+        const fan_size *s = &res[k];
+        double p50o = bench_median(s->ours.p50, R), p50b = bench_median(s->bare.p50, R);
+        printf("| %zu | %.0f | %.0f | %.0f | %.3fx | %.3fx | %.0f | %.0f | %.0f | %.2f | %.2f |\n",
+               s->n, p50o, bench_median(s->async.p50, R), p50b,
+               median_ratio(s->ours.p50, s->bare.p50, R),
+               median_ratio(s->async.p50, s->bare.p50, R), bench_median(s->ours.p99, R),
+               bench_median(s->async.p99, R), bench_median(s->bare.p99, R),
+               p50o / (double)s->n, p50b / (double)s->n);
+    }
+    printf("\n| %s | client CPU us/target | async us/target | bare us/target | ratio "
+           "| async ratio | TCP segments/target |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|\n", what);
+    for (int k = 0; k < done; k++) {
+        const fan_size *s = &res[k];
+        printf("| %zu | %.2f | %.2f | %.2f | %.3fx | %.3fx | %s |\n", s->n,
+               bench_median(s->ours.cpu, R), bench_median(s->async.cpu, R),
+               bench_median(s->bare.cpu, R), median_ratio(s->ours.cpu, s->bare.cpu, R),
+               median_ratio(s->async.cpu, s->bare.cpu, R), fan_segs(s, R, segs, sizeof segs));
+    }
+}
+
 static int case_fanout(void)
 {
     static const size_t full[] = {16, 64, 256, 1024}, quick[] = {16, 64};
     const size_t *sizes = cfg.quick ? quick : full;
     size_t n_sizes = cfg.quick ? 2 : 4, max = sizes[n_sizes - 1];
-    fan_size res[4];
+    fan_size res[4], in_fleet[4];
     hosts units, echos;
-    int rc = -1, done = 0;
+    int rc = -1, done = 0, done_fleet = 0;
     memset(&units, 0, sizeof units);
     memset(&echos, 0, sizeof echos);
     bench_progress("fan-out: starting %zu fixed-reply servers, %d to a process", max, PER_HOST);
@@ -1126,11 +1373,20 @@ static int case_fanout(void)
     /* Once, unmeasured: what the first client and context of a process
      * allocate for good (an arena for the I/O thread, ...) would otherwise
      * be booked to the first size's addresses. */
-    if (fan_one_size(&units, &echos, sizes[0], 0, &res[0]) != 0)
+    if (fan_one_size(&units, &echos, sizes[0], sizes[0], 0, &res[0]) != 0)
         goto out;
+    /* A fleet as large as the batch: 16 units, then 64, ... */
     for (size_t k = 0; k < n_sizes; k++, done++)
-        if (fan_one_size(&units, &echos, sizes[k], cfg.rounds, &res[k]) != 0)
+        if (fan_one_size(&units, &echos, sizes[k], sizes[k], cfg.rounds, &res[k]) != 0)
             goto out;
+    /* Batches of 16, 64, ... to one fleet of the largest size, every
+     * connection warm: the work per target against the batch alone, the
+     * number of connections and the time between two batches to one unit
+     * the same at every size. The largest batch is the run above. */
+    for (size_t k = 0; k + 1 < n_sizes; k++, done_fleet++)
+        if (fan_one_size(&units, &echos, sizes[k], max, cfg.rounds, &in_fleet[k]) != 0)
+            goto out;
+    in_fleet[done_fleet++] = res[n_sizes - 1];
     rc = 0;
 out:
     hosts_stop(&echos);
@@ -1140,50 +1396,33 @@ out:
     printf("\n## fanout: storage_stats_many (blocking) and storage_stats_many_start "
            "(asynchronous) vs the bare fan-out (send all, collect all), all to the same "
            "fixed-reply servers\n\n");
-    printf("| servers | batch p50 us | async p50 us | bare p50 us | ratio | async ratio "
-           "| batch p99 us | async p99 us | bare p99 us | p50 per target us | bare per target us "
-           "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fan_print_sides(res, done, R, "servers");
+    printf("\n| servers | RSS KiB/address | bare KiB/address | open files/address "
+           "| bare files/address | idle CPU ms/s |\n|---:|---:|---:|---:|---:|---:|\n");
     for (int k = 0; k < done; k++) {
         fan_size *s = &res[k];
-        double p50o = bench_median(s->ours.p50, R), p50b = bench_median(s->bare.p50, R);
-        printf("| %zu | %.0f | %.0f | %.0f | %.3fx | %.3fx | %.0f | %.0f | %.0f | %.2f | %.2f |\n",
-               s->n, p50o, bench_median(s->async.p50, R), p50b,
-               median_ratio(s->ours.p50, s->bare.p50, R),
-               median_ratio(s->async.p50, s->bare.p50, R), bench_median(s->ours.p99, R),
-               bench_median(s->async.p99, R), bench_median(s->bare.p99, R),
-               p50o / (double)s->n, p50b / (double)s->n);
+        printf("| %zu | %.1f | %.1f | %.2f | %.2f | %.2f |\n", s->n, s->ours.rss_kib,
+               s->bare.rss_kib, s->ours.fds, s->bare.fds, s->idle_ms_per_s);
     }
-    printf("\n| servers | client CPU us/target | async us/target | bare us/target | ratio "
-           "| async ratio | RSS KiB/address | bare KiB/address | open files/address "
-           "| bare files/address | idle CPU ms/s |\n"
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int k = 0; k < done; k++) {
-        fan_size *s = &res[k];
-        printf("| %zu | %.2f | %.2f | %.2f | %.3fx | %.3fx | %.1f | %.1f | %.2f | %.2f | %.2f |\n",
-               s->n, bench_median(s->ours.cpu, R), bench_median(s->async.cpu, R),
-               bench_median(s->bare.cpu, R), median_ratio(s->ours.cpu, s->bare.cpu, R),
-               median_ratio(s->async.cpu, s->bare.cpu, R), s->ours.rss_kib, s->bare.rss_kib,
-               s->ours.fds, s->bare.fds, s->idle_ms_per_s);
-    }
-    /* Whether the work per target grows with the batch: each side's CPU
-     * per target against its own at the smallest size, the bare side's
-     * growth (the kernel's and libzmq's, with more connections) beside
-     * it. */
-    printf("\n| servers | CPU per target vs %zu servers: blocking | async | bare |\n"
-           "|---:|---:|---:|---:|\n", res[0].n);
-    for (int k = 0; k < done; k++) {
-        fan_size *s = &res[k];
-        printf("| %zu | %.3fx | %.3fx | %.3fx |\n", s->n,
-               bench_median(s->ours.cpu, R) / bench_median(res[0].ours.cpu, R),
-               bench_median(s->async.cpu, R) / bench_median(res[0].async.cpu, R),
-               bench_median(s->bare.cpu, R) / bench_median(res[0].bare.cpu, R));
-    }
+    fan_print_growth(res, done, R, "servers");
     printf("\n(per target = batch p50 / units; the three sides take turns batch by batch; "
-           "CPU = this process's CPU time during a side's batches / targets; RSS and files: a "
+           "CPU = this process's CPU time during a side's batches / targets, the sum of its "
+           "threads' clocks; TCP segments = the machine's (/proc/net/snmp) over each round, the three sides together; RSS and files: a "
            "fresh client and context per size, before and after its first batch; idle CPU = "
            "this process's CPU time a second over %d ms after the rounds, both clients idle "
-           "with their sockets pooled; CPU vs %zu servers: the medians' ratio)\n",
+           "with their sockets pooled; CPU vs %zu: the medians' ratio)\n",
            IDLE_MEASURE_MS, res[0].n);
+    if (done_fleet == (int)n_sizes) {
+        printf("\n## fanout within one fleet: batches of %zu to %zu of the same %zu servers, "
+               "each batch to the next ones, every connection warm\n\n", sizes[0], max, max);
+        fan_print_sides(in_fleet, done_fleet, R, "batch");
+        fan_print_growth(in_fleet, done_fleet, R, "batch");
+        printf("\n(as above, but each side holds a connection to every one of the %zu servers "
+               "at every size, and its batches go round them: the number of connections and "
+               "the time between two requests to one server do not change with the batch, "
+               "so the CPU per target against the batch is the client's work per reply; the "
+               "%zu row is the run above)\n", max, max);
+    }
     fflush(stdout);
     return rc;
 }
@@ -1696,8 +1935,9 @@ static void usage(FILE *f)
             "  fanout   16/64/256/1024 [16/64] servers that answer every request\n"
             "           with a fixed stats reply: storage_stats_many (blocking) and\n"
             "           storage_stats_many_start (async) vs the bare fan-out, all\n"
-            "           against the same servers: batch latency, client CPU, files\n"
-            "           and memory per address\n"
+            "           against the same servers: batch latency, client CPU and TCP\n"
+            "           segments per target, files and memory per address; then\n"
+            "           batches of each size to one fleet of the largest\n"
             "  held     one unit holding 10k/1M/10M [10k/100k] blobs: put, get, describe,\n"
             "           stats and list latency against the smallest level\n"
             "  clients  5000 [200] clients connecting at once to one ctl-storage-unit:\n"
