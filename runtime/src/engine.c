@@ -26,18 +26,30 @@
  * callback may start calls, release handles, or cancel other calls).
  *
  * Locking: one mutex guards the submission queue, the cancel count, the
- * completion queue, the states that waiters watch, and `stopping`. It is
- * never held while a callback runs or while a socket is touched.
+ * completion queue, and `stopping`. It is never held while a callback runs
+ * or while a socket is touched.
+ *
+ * Waiting. A thread in ctl_call_wait sleeps on its call's own state word (a
+ * futex), so a call that ends wakes only the threads waiting for that
+ * call, with one system call and no lock for them to take on waking (a
+ * condition variable shared by the engine woke every waiter at every end,
+ * each to take the engine's mutex). The call's `waiting` count saves the
+ * system call when nobody waits: the state is stored before the count is
+ * read, and a waiter counts itself before it reads the state, both
+ * sequentially consistent, so one of the two sees the other.
  */
 #include "engine_int.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,8 +76,6 @@ struct ctl_engine {
     int wake_fd;  /* the I/O thread's wake-up */
     int ready_fd; /* readable while completions are queued */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int waiters;
     int wake_pending;
     int stopping;
     unsigned cancels;          /* cancels asked for since the last pass */
@@ -247,6 +257,7 @@ ctl_call *ctl_call_alloc(ctl_client *c, const char *op,
     }
     atomic_init(&call->refs, 0);
     atomic_init(&call->state, CTL_CALL_STARTED);
+    atomic_init(&call->waiting, 0);
     atomic_init(&call->cancel, 0);
     return call;
 }
@@ -412,39 +423,51 @@ void ctl_call_cancel(ctl_call *call)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The monotonic clock in ns. */
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Move `call` to `state` and wake the threads waiting for it. The caller
+ * holds a reference to the call. */
+static void set_state(ctl_call *call, int state)
+{
+    atomic_store(&call->state, state);
+    if (atomic_load(&call->waiting) > 0)
+        syscall(SYS_futex, (int *)&call->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL,
+                NULL, 0);
+}
+
 int ctl_call_wait(ctl_call *call, int timeout_ms)
 {
     if (!call)
         return CTL_INVALID;
     if (atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED)
         return 0;
-    ctl_engine *e = call->client->engine;
-    struct timespec until;
-    if (timeout_ms >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-    }
+    int64_t until = timeout_ms >= 0 ? mono_ns() + (int64_t)timeout_ms * 1000000 : 0;
     int rc = 0;
-    pthread_mutex_lock(&e->mu);
-    e->waiters++;
-    while (atomic_load_explicit(&call->state, memory_order_acquire) ==
-           CTL_CALL_STARTED) {
-        if (timeout_ms < 0) {
-            pthread_cond_wait(&e->cv, &e->mu);
-        } else if (pthread_cond_timedwait(&e->cv, &e->mu, &until) == ETIMEDOUT) {
-            if (atomic_load_explicit(&call->state, memory_order_acquire) ==
-                CTL_CALL_STARTED)
+    atomic_fetch_add(&call->waiting, 1);
+    while (atomic_load(&call->state) == CTL_CALL_STARTED) {
+        struct timespec left, *lp = NULL;
+        if (timeout_ms >= 0) {
+            int64_t ns = until - mono_ns();
+            if (ns <= 0) {
                 rc = CTL_TRANSFER;
-            break;
+                break;
+            }
+            left.tv_sec = (time_t)(ns / 1000000000);
+            left.tv_nsec = (long)(ns % 1000000000);
+            lp = &left;
         }
+        /* Returns at once if the state has moved; woken, timed out or
+         * interrupted, the loop looks again. */
+        syscall(SYS_futex, (int *)&call->state, FUTEX_WAIT_PRIVATE, CTL_CALL_STARTED,
+                lp, NULL, 0);
     }
-    e->waiters--;
-    pthread_mutex_unlock(&e->mu);
+    atomic_fetch_sub(&call->waiting, 1);
     return rc;
 }
 
@@ -480,15 +503,6 @@ static int has_callback(const ctl_call *call)
                                             : call->done_one != NULL);
 }
 
-/* Mark `call` as ended (its outcome final) and wake whoever waits for it.
- * Called with the mutex held. */
-static void mark_done(ctl_engine *e, ctl_call *call)
-{
-    atomic_store_explicit(&call->state, CTL_CALL_DONE, memory_order_release);
-    if (e->waiters)
-        pthread_cond_broadcast(&e->cv);
-}
-
 /* Deliver the calls that ended in this pass (I/O thread). */
 static void deliver_ended(ctl_engine *e)
 {
@@ -499,13 +513,9 @@ static void deliver_ended(ctl_engine *e)
         if (e->client->opts.callbacks_on_io_thread || !has_callback(call)) {
             run_callback(call);
             /* Delivered before a waiter can see it: the waiter may release
-             * its handle at once. */
-            pthread_mutex_lock(&e->mu);
-            atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
-                                  memory_order_release);
-            if (e->waiters)
-                pthread_cond_broadcast(&e->cv);
-            pthread_mutex_unlock(&e->mu);
+             * its handle at once (this thread's reference keeps the call
+             * until the waiters are woken). */
+            set_state(call, CTL_CALL_DELIVERED);
             call_unref(call);
             continue;
         }
@@ -520,7 +530,7 @@ static void deliver_ended(ctl_engine *e)
         else
             e->done_head = call;
         e->done_tail = call;
-        mark_done(e, call);
+        set_state(call, CTL_CALL_DONE); /* its outcome final: waiters go */
         pthread_mutex_unlock(&e->mu);
     }
 }
@@ -959,15 +969,9 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
         goto fail;
     }
     pthread_mutex_init(&e->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->cv, &ca);
-    pthread_condattr_destroy(&ca);
     ctl_pool_set_epfd(c->pool, e->epfd);
     if ((e_no = pthread_create(&e->thread, NULL, io_thread, e)) != 0) {
         ctl_pool_set_epfd(c->pool, -1);
-        pthread_cond_destroy(&e->cv);
         pthread_mutex_destroy(&e->mu);
         goto fail;
     }
@@ -1007,7 +1011,6 @@ void ctl_engine_destroy(ctl_engine **engine)
     close(e->epfd);
     close(e->wake_fd);
     close(e->ready_fd);
-    pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
     *engine = NULL;

@@ -49,7 +49,8 @@ typedef struct ctl_call_ext {
 
 struct ctl_call {
     _Atomic int refs;   /* the caller's handle and the engine's */
-    _Atomic int state;  /* CTL_CALL_* below */
+    _Atomic int state;  /* CTL_CALL_* below; waiters sleep on it (a futex) */
+    _Atomic int waiting; /* threads in ctl_call_wait on it */
     _Atomic int cancel; /* the caller asked for a cancel */
     ctl_client *client;
     int many;           /* a fan-out (its callback takes the outcomes) */

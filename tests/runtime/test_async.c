@@ -1296,6 +1296,80 @@ static void test_wait_times_out(void **state)
     ctl_call_release(call);
 }
 
+/* A thread waiting in ctl_call_wait, and what it got. */
+typedef struct waiter {
+    pthread_t thread;
+    ctl_call *call;
+    int rc;
+    atomic_int *returned;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+    w->rc = ctl_call_wait(w->call, CALL_MS);
+    atomic_fetch_add(w->returned, 1);
+    return NULL;
+}
+
+/* Several threads waiting for each of two calls: the end of one call
+ * returns its waiters and none of the other's, which return when their own
+ * call ends. */
+static void test_wait_from_many_threads(void **state)
+{
+    enum { PER_CALL = 3 };
+    fx *f = *state;
+    ctl_call *going = NULL, *answered = NULL;
+    atomic_int returned_going = 0, returned_answered = 0;
+    waiter w[2 * PER_CALL];
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    assert_int_equal(ctl_client_call_start(f->client, tu_fake_endpoint(f->fake), "echo",
+                                           NULL, 0, CALL_MS, NULL, NULL, &going, &f->err),
+                     0);
+    for (int i = 0; i < 2 * PER_CALL; i++) {
+        w[i].call = i < PER_CALL ? going : NULL;
+        w[i].returned = i < PER_CALL ? &returned_going : &returned_answered;
+        w[i].rc = -1;
+    }
+    for (int i = 0; i < PER_CALL; i++)
+        assert_int_equal(pthread_create(&w[i].thread, NULL, wait_thread, &w[i]), 0);
+    /* The second call starts while the first one's waiters wait. */
+    pack_echo(&f->args, 7);
+    assert_int_equal(ctl_client_call_start(f->client, f->unit.endpoint, "echo",
+                                           f->args.sb.data, f->args.sb.size, CALL_MS,
+                                           NULL, NULL, &answered, &f->err),
+                     0);
+    for (int i = PER_CALL; i < 2 * PER_CALL; i++) {
+        w[i].call = answered;
+        assert_int_equal(pthread_create(&w[i].thread, NULL, wait_thread, &w[i]), 0);
+    }
+    assert_int_equal(tu_wait_atleast(&returned_answered, PER_CALL, CALL_MS), PER_CALL);
+    for (int i = PER_CALL; i < 2 * PER_CALL; i++) {
+        pthread_join(w[i].thread, NULL);
+        assert_int_equal(w[i].rc, 0);
+    }
+    size_t n = 0;
+    const ctl_outcome *o = ctl_call_outcomes(answered, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(o[0].error.kind, CTL_OK);
+    assert_int_equal(ctl_reply_result(o[0].reply)->via.u64, 7);
+    /* The first call goes on (its unit never answers, its deadline is far
+     * off): none of its waiters has returned. */
+    assert_null(ctl_call_outcomes(going, NULL));
+    assert_int_equal(atomic_load(&returned_going), 0);
+    ctl_call_cancel(going);
+    assert_int_equal(tu_wait_atleast(&returned_going, PER_CALL, CALL_MS), PER_CALL);
+    for (int i = 0; i < PER_CALL; i++) {
+        pthread_join(w[i].thread, NULL);
+        assert_int_equal(w[i].rc, 0);
+    }
+    o = ctl_call_outcomes(going, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(o[0].error.cause, CTL_CAUSE_CANCELLED);
+    ctl_call_release(going);
+    ctl_call_release(answered);
+}
+
 static void test_bad_start_arguments(void **state)
 {
     fx *f = *state;
@@ -1346,6 +1420,7 @@ int main(void)
         T(test_release_early),
         T(test_wait_without_callback),
         T(test_wait_times_out),
+        T(test_wait_from_many_threads),
         T(test_bad_start_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
