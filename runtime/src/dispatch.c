@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bigbuf_int.h"
 #include "ctlrpc/gen.h"
@@ -93,13 +92,6 @@ static const char *const builtin_names[CTL_BUILTIN_COUNT] = {"_describe", "_heal
                                                             "_stats"};
 static const char *const error_names[CTL_ERR_DECLARED] = {"UnitFull", "Busy", "Missing",
                                                           "Protocol", "_other"};
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Add to a counter this thread alone writes. */
 static inline void bump(_Atomic uint64_t *c, uint64_t n)
@@ -246,7 +238,7 @@ uint64_t ctl_dispatch_op_errors(const ctl_dispatch *d, size_t index, const char 
 
 double ctl_dispatch_uptime(const ctl_dispatch *d)
 {
-    return (double)(now_ns() - d->start_ns) / 1e9;
+    return (double)(ctl_now_ns() - d->start_ns) / 1e9;
 }
 
 int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
@@ -285,7 +277,7 @@ int ctl_dispatch_init(ctl_dispatch *d, const ctl_service *service, void *user,
         free(d->by_name);
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "server: out of memory");
     }
-    d->start_ns = now_ns();
+    d->start_ns = ctl_now_ns();
     d->deadline_skew_ms = CTL_DEFAULT_DEADLINE_SKEW_MS;
     msgpack_sbuffer_init(&d->out);
     d->max_reply_bytes = d->limits.max_msg_bytes;
@@ -516,7 +508,7 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     char shown[CTL_SHOW_BUF];
     ctl_env_request rq;
 
-    d->cur_t0_ns = now_ns();
+    d->cur_t0_ns = ctl_now_ns();
     d->cur = NULL;
     d->reply_len = 0;
     atomic_store_explicit(&d->in_flight, 1, memory_order_relaxed);
@@ -671,7 +663,7 @@ void ctl_dispatch_done(ctl_dispatch *d)
 {
     ctl_op_counters *c = d->cur;
     if (c) {
-        int64_t ns = now_ns() - d->cur_t0_ns;
+        int64_t ns = ctl_now_ns() - d->cur_t0_ns;
         uint64_t us = ns > 0 ? (uint64_t)ns / 1000 : 0;
         bump(&c->latency[ctl_lat_bucket(us)], 1);
         if (us > atomic_load_explicit(&c->max_us, memory_order_relaxed))

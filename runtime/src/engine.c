@@ -423,14 +423,6 @@ void ctl_call_cancel(ctl_call *call)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The monotonic clock in ns. */
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Move `call` to `state` and wake the threads waiting for it. The caller
  * holds a reference to the call. */
 static void set_state(ctl_call *call, int state)
@@ -447,13 +439,13 @@ int ctl_call_wait(ctl_call *call, int timeout_ms)
         return CTL_INVALID;
     if (atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED)
         return 0;
-    int64_t until = timeout_ms >= 0 ? mono_ns() + (int64_t)timeout_ms * 1000000 : 0;
+    int64_t until = timeout_ms >= 0 ? ctl_now_ns() + (int64_t)timeout_ms * 1000000 : 0;
     int rc = 0;
     atomic_fetch_add(&call->waiting, 1);
     while (atomic_load(&call->state) == CTL_CALL_STARTED) {
         struct timespec left, *lp = NULL;
         if (timeout_ms >= 0) {
-            int64_t ns = until - mono_ns();
+            int64_t ns = until - ctl_now_ns();
             if (ns <= 0) {
                 rc = CTL_TRANSFER;
                 break;

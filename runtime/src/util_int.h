@@ -37,6 +37,9 @@ static inline bool ctl_bytes_within(const void *ptr, size_t len, const void *bas
 /* Milliseconds on the monotonic clock. */
 int64_t ctl_now_ms(void);
 
+/* Nanoseconds on the monotonic clock. */
+int64_t ctl_now_ns(void);
+
 /* Milliseconds since the Unix epoch on the wall clock (CLOCK_REALTIME):
  * the clock of the deadlines that request ids carry, which units on other
  * hosts compare with theirs. */
