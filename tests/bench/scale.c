@@ -832,15 +832,14 @@ static const unsigned char stats_req[] = {
     '0', '0', '1', '@', '1', '7', '9', '6', '0', '0', '0', '0', '0', '0', '0', '0', '0',
     0x80};
 
-/* A fan-out side. Each batch goes to the next `n` of the `fleet` addresses
- * the side has sockets for (n divides fleet), so a batch of 16 can go to
- * 16 units of a fleet of 1024 whose every connection is warm, as well as
- * to a fleet of 16. */
+/* A fan-out side. It holds a socket for each address of its fleet, and a
+ * batch goes to `n` of them from `first` on, so a batch of 16 can go to 16
+ * units of a fleet of 1024 whose every connection is warm, as well as to a
+ * fleet of 16. */
 typedef struct fan_ours {
     ctl_client *client;
     const char **addresses;          /* the fleet's */
     storage_stats_outcome *outcomes; /* as many */
-    size_t n, fleet, next;
     int async; /* storage_stats_many_start and wait, not storage_stats_many */
     int async_failed;
 } fan_ours;
@@ -858,46 +857,43 @@ typedef struct fan_bare {
     void **socks;          /* the fleet's, a DEALER an address */
     zmq_pollitem_t *items; /* as many */
     size_t *which;         /* as many */
-    size_t n, fleet, next;
 } fan_bare;
 
-static int fan_ours_batch(fan_ours *f)
+static int fan_ours_batch(fan_ours *f, size_t first, size_t n)
 {
-    const char **addresses = f->addresses + f->next;
-    f->next = (f->next + f->n) % f->fleet;
+    const char **addresses = f->addresses + first;
     if (f->async) {
         ctl_call *call = NULL;
         f->async_failed = -1;
-        if (storage_stats_many_start(f->client, addresses, f->n, CALL_TIMEOUT_MS,
+        if (storage_stats_many_start(f->client, addresses, n, CALL_TIMEOUT_MS,
                                      fan_async_done, f, &call) != 0 ||
             ctl_call_wait(call, -1) != 0) {
-            bench_fail("stats_many_start over %zu: could not start or wait", f->n);
+            bench_fail("stats_many_start over %zu: could not start or wait", n);
             ctl_call_release(call);
             return -1;
         }
         ctl_call_release(call);
         return f->async_failed == 0 ? 0 : -1;
     }
-    int failed = storage_stats_many(f->client, addresses, f->n, CALL_TIMEOUT_MS, f->outcomes);
+    int failed = storage_stats_many(f->client, addresses, n, CALL_TIMEOUT_MS, f->outcomes);
     if (failed != 0)
-        for (size_t i = 0; i < f->n; i++)
+        for (size_t i = 0; i < n; i++)
             if (f->outcomes[i].error.kind != CTL_OK) {
-                bench_fail("stats_many over %zu units: %d failed, first %s", f->n, failed,
+                bench_fail("stats_many over %zu units: %d failed, first %s", n, failed,
                      f->outcomes[i].error.msg);
                 break;
             }
-    storage_stats_outcomes_fini(f->outcomes, f->n);
+    storage_stats_outcomes_fini(f->outcomes, n);
     return failed ? -1 : 0;
 }
 
 /* Send to every echo socket of the batch, then collect every reply,
  * polling the ones still waiting. */
-static int fan_bare_batch(fan_bare *f)
+static int fan_bare_batch(fan_bare *f, size_t first, size_t n)
 {
-    void **socks = f->socks + f->next;
-    size_t left = f->n;
-    f->next = (f->next + f->n) % f->fleet;
-    for (size_t i = 0; i < f->n; i++) {
+    void **socks = f->socks + first;
+    size_t left = n;
+    for (size_t i = 0; i < n; i++) {
         if (zmq_send(socks[i], stats_req, sizeof stats_req, 0) < 0) {
             bench_fail("bare fan-out: send to socket %zu: %s", i, zmq_strerror(zmq_errno()));
             return -1;
@@ -909,7 +905,7 @@ static int fan_bare_batch(fan_bare *f)
             f->items[j] = (zmq_pollitem_t){socks[f->which[j]], 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(f->items, (int)left, CALL_TIMEOUT_MS);
         if (rc <= 0) {
-            bench_fail("bare fan-out over %zu: %s", f->n,
+            bench_fail("bare fan-out over %zu: %s", n,
                  rc == 0 ? "timed out" : zmq_strerror(zmq_errno()));
             return -1;
         }
@@ -931,27 +927,6 @@ static int fan_bare_batch(fan_bare *f)
     return 0;
 }
 
-/* One batch to the whole fleet: how every connection is made and warmed. */
-static int fan_ours_all(fan_ours *f)
-{
-    size_t n = f->n;
-    f->n = f->fleet;
-    f->next = 0;
-    int rc = fan_ours_batch(f);
-    f->n = n;
-    return rc;
-}
-
-static int fan_bare_all(fan_bare *f)
-{
-    size_t n = f->n;
-    f->n = f->fleet;
-    f->next = 0;
-    int rc = fan_bare_batch(f);
-    f->n = n;
-    return rc;
-}
-
 typedef struct fan_side {
     double p50[BENCH_MAX_ROUNDS], p99[BENCH_MAX_ROUNDS], cpu[BENCH_MAX_ROUNDS];
     double rss_kib, fds; /* per address, after the first batch */
@@ -967,8 +942,9 @@ typedef struct fan_side {
  * batch, and onto the side after it. A thread's own clock is brought up
  * to date when it is read. */
 typedef struct proc_clocks {
-    clockid_t *others; /* every other thread's clock */
+    clockid_t *others;        /* every other thread's clock */
     size_t n;
+    uint64_t *before, *after; /* a reading of each: the others, then this thread */
 } proc_clocks;
 
 #define CLOCK_UNREAD UINT64_MAX
@@ -982,18 +958,25 @@ static clockid_t tid_clock(unsigned tid)
     return (clockid_t)((~tid << 3) | 6u);
 }
 
+static void proc_clocks_fini(proc_clocks *p)
+{
+    free(p->others);
+    free(p->before);
+    free(p->after);
+    memset(p, 0, sizeof *p);
+}
+
 /* The threads of this process other than the caller, from
  * /proc/self/task: taken once a round, as no thread starts or ends during
- * one (a client's I/O thread and ZeroMQ's start with them). */
+ * one (a client's I/O thread and ZeroMQ's start with them). On failure
+ * (said) *p holds nothing; otherwise proc_clocks_fini frees it. */
 static int proc_clocks_scan(proc_clocks *p)
 {
     DIR *d = opendir("/proc/self/task");
     size_t cap = 0;
     struct dirent *e;
     unsigned self = (unsigned)gettid();
-    free(p->others);
-    p->others = NULL;
-    p->n = 0;
+    memset(p, 0, sizeof *p);
     if (!d) {
         bench_fail("cannot list this process's threads (/proc/self/task): %s", strerror(errno));
         return -1;
@@ -1008,6 +991,7 @@ static int proc_clocks_scan(proc_clocks *p)
             clockid_t *grown = realloc(p->others, ncap * sizeof *grown);
             if (!grown) {
                 closedir(d);
+                proc_clocks_fini(p);
                 bench_fail("out of memory");
                 return -1;
             }
@@ -1017,6 +1001,13 @@ static int proc_clocks_scan(proc_clocks *p)
         p->others[p->n++] = tid_clock((unsigned)tid);
     }
     closedir(d);
+    p->before = malloc((p->n + 1) * sizeof *p->before);
+    p->after = malloc((p->n + 1) * sizeof *p->after);
+    if (!p->before || !p->after) {
+        proc_clocks_fini(p);
+        bench_fail("out of memory");
+        return -1;
+    }
     return 0;
 }
 
@@ -1028,25 +1019,27 @@ static uint64_t clock_read_ns(clockid_t c)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Every thread's clock into ns[0..n]: this thread's last when `start` and
- * first otherwise, so that reading the others is outside the window. */
-static void proc_clocks_read(const proc_clocks *p, uint64_t *ns, int start)
+/* Start a window: every thread's clock, this thread's last, so that
+ * reading the others is outside it. */
+static void proc_clocks_start(proc_clocks *p)
 {
-    if (!start)
-        ns[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
     for (size_t i = 0; i < p->n; i++)
-        ns[i] = clock_read_ns(p->others[i]);
-    if (start)
-        ns[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
+        p->before[i] = clock_read_ns(p->others[i]);
+    p->before[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
 }
 
-/* The CPU time between two readings, in ns. */
-static uint64_t proc_clocks_spent(const proc_clocks *p, const uint64_t *a, const uint64_t *b)
+/* End the window (this thread's clock first): the process's CPU time in
+ * it, in ns. */
+static uint64_t proc_clocks_stop(proc_clocks *p)
 {
     uint64_t sum = 0;
+    p->after[p->n] = clock_read_ns(CLOCK_THREAD_CPUTIME_ID);
+    for (size_t i = 0; i < p->n; i++)
+        p->after[i] = clock_read_ns(p->others[i]);
     for (size_t i = 0; i <= p->n; i++)
-        if (a[i] != CLOCK_UNREAD && b[i] != CLOCK_UNREAD && b[i] >= a[i])
-            sum += b[i] - a[i];
+        if (p->before[i] != CLOCK_UNREAD && p->after[i] != CLOCK_UNREAD &&
+            p->after[i] >= p->before[i])
+            sum += p->after[i] - p->before[i];
     return sum;
 }
 
@@ -1083,45 +1076,47 @@ static long long tcp_out_segments(void)
 static const int fan_order[6][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1},
                                     {0, 2, 1}, {2, 1, 0}, {1, 0, 2}};
 
-/* One round: `batches` batches of each side, interleaved batch by batch
- * (in the turns of fan_order), so that all three meet the same moments of
- * a noisy machine; each batch
- * timed, and this process's CPU during each side's batches booked to that
- * side, per target. The TCP segments the machine sent are counted over the
- * round, the three sides together (*segs, a target; < 0 unknown): reading
- * them takes about 20 us, which between batches would change what it
+/* One round: `batches` batches of `n` targets for each side, interleaved
+ * batch by batch (in the turns of fan_order), so that all three meet the
+ * same moments of a noisy machine; each side's batches go round its
+ * `fleet` addresses (n divides fleet). Each batch timed, and this
+ * process's CPU during each side's batches booked to that side, per
+ * target. The TCP segments the machine sent are counted over the round,
+ * the three sides together (*segs, a target; < 0 unknown): reading them
+ * takes about 20 us, which between batches would change what it
  * measures. */
-static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t batches, int r,
-                     fan_side *sides[3], double *segs)
+static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t n, size_t fleet,
+                     size_t batches, int r, fan_side *sides[3], double *segs)
 {
     uint64_t *lat[3] = {malloc(batches * sizeof(uint64_t)),
                         malloc(batches * sizeof(uint64_t)),
                         malloc(batches * sizeof(uint64_t))};
-    uint64_t cpu[3] = {0, 0, 0}, *c0 = NULL, *c1 = NULL;
+    uint64_t cpu[3] = {0, 0, 0};
+    size_t next[3] = {0, 0, 0}; /* where each side's next batch starts */
     long long seg0 = tcp_out_segments();
     int rc = -1;
-    proc_clocks pc = {NULL, 0};
-    if (proc_clocks_scan(&pc) != 0)
-        goto out;
-    c0 = malloc((pc.n + 1) * sizeof *c0);
-    c1 = malloc((pc.n + 1) * sizeof *c1);
-    if (!lat[0] || !lat[1] || !lat[2] || !c0 || !c1) {
+    proc_clocks pc = {0};
+    if (!lat[0] || !lat[1] || !lat[2]) {
         bench_fail("out of memory");
         goto out;
     }
+    if (proc_clocks_scan(&pc) != 0)
+        goto out;
     for (size_t i = 0; i < batches; i++)
         for (int k = 0; k < 3; k++) {
             int side = fan_order[i % 6][k];
-            proc_clocks_read(&pc, c0, 1);
+            size_t first = next[side];
+            next[side] = (first + n) % fleet;
+            proc_clocks_start(&pc);
             uint64_t t0 = now_ns();
-            if ((side == 2 ? fan_bare_batch(b) : fan_ours_batch(side == 1 ? a : o)) != 0)
+            if ((side == 2 ? fan_bare_batch(b, first, n)
+                           : fan_ours_batch(side == 1 ? a : o, first, n)) != 0)
                 goto out;
             lat[side][i] = now_ns() - t0;
-            proc_clocks_read(&pc, c1, 0);
-            cpu[side] += proc_clocks_spent(&pc, c0, c1);
+            cpu[side] += proc_clocks_stop(&pc);
         }
     long long seg1 = tcp_out_segments();
-    double targets = (double)(batches * b->n);
+    double targets = (double)(batches * n);
     *segs = seg0 >= 0 && seg1 >= seg0 ? (double)(seg1 - seg0) / (3 * targets) : -1;
     for (int side = 0; side < 3; side++) {
         sides[side]->cpu[r] = (double)cpu[side] / 1e3 / targets;
@@ -1132,9 +1127,7 @@ static int fan_round(fan_ours *o, fan_ours *a, fan_bare *b, size_t batches, int 
 out:
     for (int side = 0; side < 3; side++)
         free(lat[side]);
-    free(c0);
-    free(c1);
-    free(pc.others);
+    proc_clocks_fini(&pc);
     return rc;
 }
 
@@ -1158,22 +1151,16 @@ static void self_usage(int *fds, size_t *rss)
  * second: what the idle clients' upkeep costs. */
 static double idle_cpu_ms_per_s(int ms)
 {
-    proc_clocks pc = {NULL, 0};
-    uint64_t *c0 = NULL, *c1 = NULL;
-    double out = -1;
-    if (proc_clocks_scan(&pc) == 0 && (c0 = malloc((pc.n + 1) * sizeof *c0)) != NULL &&
-        (c1 = malloc((pc.n + 1) * sizeof *c1)) != NULL) {
-        struct timespec idle = {ms / 1000, (ms % 1000) * 1000000L};
-        proc_clocks_read(&pc, c0, 1);
-        uint64_t t0 = now_ns();
-        nanosleep(&idle, NULL);
-        double elapsed_s = (double)(now_ns() - t0) / 1e9;
-        proc_clocks_read(&pc, c1, 0);
-        out = (double)proc_clocks_spent(&pc, c0, c1) / 1e6 / elapsed_s;
-    }
-    free(c0);
-    free(c1);
-    free(pc.others);
+    proc_clocks pc;
+    if (proc_clocks_scan(&pc) != 0)
+        return -1;
+    struct timespec idle = {ms / 1000, (ms % 1000) * 1000000L};
+    proc_clocks_start(&pc);
+    uint64_t t0 = now_ns();
+    nanosleep(&idle, NULL);
+    double elapsed_s = (double)(now_ns() - t0) / 1e9;
+    double out = (double)proc_clocks_stop(&pc) / 1e6 / elapsed_s;
+    proc_clocks_fini(&pc);
     return out;
 }
 
@@ -1197,8 +1184,6 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, size_t
     out->n = n;
     out->fleet = fleet;
     ctl_error_init(&err);
-    o.n = b.n = n;
-    o.fleet = b.fleet = fleet;
     o.addresses = calloc(fleet, sizeof *o.addresses);
     o.outcomes = calloc(fleet, sizeof *o.outcomes);
     b.socks = calloc(fleet, sizeof *b.socks);
@@ -1227,7 +1212,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, size_t
         goto out;
     }
     self_usage(&fd0, &rss0);
-    if (fan_ours_all(&o) != 0)
+    if (fan_ours_batch(&o, 0, fleet) != 0)
         goto out;
     self_usage(&fd1, &rss1);
     out->ours.fds = (double)(fd1 - fd0) / (double)fleet;
@@ -1256,7 +1241,7 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, size_t
             goto out;
         }
     }
-    if (fan_bare_all(&b) != 0)
+    if (fan_bare_batch(&b, 0, fleet) != 0)
         goto out;
     self_usage(&fd1, &rss1);
     out->bare.fds = (double)(fd1 - fd0) / (double)fleet;
@@ -1264,11 +1249,12 @@ static int fan_one_size(const hosts *units, const hosts *echos, size_t n, size_t
 
     /* Warm every connection of all three, then the rounds. */
     for (size_t i = 0; i < 3; i++)
-        if (fan_ours_all(&o) != 0 || fan_ours_all(&a) != 0 || fan_bare_all(&b) != 0)
+        if (fan_ours_batch(&o, 0, fleet) != 0 || fan_ours_batch(&a, 0, fleet) != 0 ||
+            fan_bare_batch(&b, 0, fleet) != 0)
             goto out;
     for (int r = 0; r < rounds; r++) {
         fan_side *sides[3] = {&out->ours, &out->async, &out->bare};
-        if (fan_round(&o, &a, &b, batches, r, sides, &out->segs[r]) != 0)
+        if (fan_round(&o, &a, &b, n, fleet, batches, r, sides, &out->segs[r]) != 0)
             goto out;
         bench_progress("fan-out to %zu of %zu: round %d/%d: batch p50 %.0f / %.0f (async) vs "
                  "%.0f us, CPU %.1f / %.1f vs %.1f us/target, %.2f TCP segments a target", n,
@@ -1407,7 +1393,8 @@ out:
     fan_print_growth(res, done, R, "servers");
     printf("\n(per target = batch p50 / units; the three sides take turns batch by batch; "
            "CPU = this process's CPU time during a side's batches / targets, the sum of its "
-           "threads' clocks; TCP segments = the machine's (/proc/net/snmp) over each round, the three sides together; RSS and files: a "
+           "threads' clocks; TCP segments = the machine's (/proc/net/snmp) over each round, "
+           "the three sides together; RSS and files: a "
            "fresh client and context per size, before and after its first batch; idle CPU = "
            "this process's CPU time a second over %d ms after the rounds, both clients idle "
            "with their sockets pooled; CPU vs %zu: the medians' ratio)\n",
