@@ -450,6 +450,7 @@ int ctl_client_many_run(ctl_call *call, unsigned flags, ctl_error *err)
      * asynchronous fan-out does, engine_int.h) and waits. */
     call->flags = flags;
     call->send_on_submit = CTL_SEND_IDLE;
+    call->waited = 1;
     int rc = ctl_call_submit(call, &call, err);
     if (rc == 0)
         ctl_call_wait(call, -1);

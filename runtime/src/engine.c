@@ -69,15 +69,26 @@
 #define UPKEEP_MS 250
 #define EVENTS_PER_WAIT 256
 
+/* Who drives the engine (runs its passes): nobody, its I/O thread, or a
+ * thread waiting for a call. */
+enum { DRIVER_NONE, DRIVER_IO, DRIVER_WAITER };
+/* What a pass leaves: calls in flight, none, or the engine stopped. */
+enum { PASS_BUSY, PASS_IDLE, PASS_STOPPED };
+
 struct ctl_engine {
     ctl_client *client;
+    _Atomic int refs;  /* the client's, and one a call (ctl_call.engine) */
     pthread_t thread;
     int epfd;
-    int wake_fd;  /* the I/O thread's wake-up */
+    int wake_fd;  /* the driver's wake-up, in the epoll set */
     int ready_fd; /* readable while completions are queued */
+    int waiters_drive; /* not callbacks_on_io_thread: waiters may drive */
     pthread_mutex_t mu;
+    pthread_cond_t idle; /* the I/O thread's, while it does not drive */
+    int driver;        /* DRIVER_* */
     int wake_pending;
     int stopping;
+    int joined;        /* the I/O thread has gone: no more wake-ups */
     unsigned cancels;          /* cancels asked for since the last pass */
     ctl_call *sub_head, *sub_tail;
     ctl_call *done_head, *done_tail;
@@ -206,6 +217,23 @@ static void live_remove(ctl_engine *e, ctl_call *call)
 
 /* ---- calls ------------------------------------------------------------ */
 
+static void engine_ref(ctl_engine *e)
+{
+    atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed);
+}
+
+/* The last reference frees what a waiter may still look at: the struct,
+ * its mutex and condition variable (the descriptors and the thread went
+ * with ctl_engine_destroy). */
+static void engine_unref(ctl_engine *e)
+{
+    if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_cond_destroy(&e->idle);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
 ctl_call *ctl_call_alloc(ctl_client *c, const char *op,
                          const char *const *addresses, size_t count, int many,
                          int timeout_ms)
@@ -234,6 +262,8 @@ ctl_call *ctl_call_alloc(ctl_client *c, const char *op,
         return NULL;
     ctl_call *call = (ctl_call *)block;
     call->client = c;
+    call->engine = c->engine;
+    engine_ref(c->engine);
     call->many = many;
     call->count = count;
     call->timeout_ms = timeout_ms;
@@ -271,7 +301,9 @@ static void call_free(ctl_call *call)
         ctl_reply_destroy(&call->replies[i]);
     }
     ctl_outcomes_fini(call->outcomes, call->count);
+    ctl_engine *e = call->engine;
     free(call);
+    engine_unref(e);
 }
 
 void ctl_call_abandon(ctl_call *call)
@@ -348,10 +380,17 @@ static int left_unsent(const ctl_rq *rq)
     return !rq->done && rq->req;
 }
 
-/* Wake the I/O thread; called with the mutex held. */
-static void wake(ctl_engine *e)
+/* Tell the engine there is work (a submission, a cancel, the end): the
+ * driver, in its epoll_wait, through the wake-up eventfd; the I/O thread,
+ * when nobody drives, through its condition variable. Called with the
+ * mutex held. */
+static void kick(ctl_engine *e)
 {
-    if (e->wake_pending)
+    if (e->driver == DRIVER_NONE) {
+        pthread_cond_signal(&e->idle);
+        return;
+    }
+    if (e->wake_pending || e->joined)
         return;
     e->wake_pending = 1;
     uint64_t one = 1;
@@ -402,8 +441,8 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     e->sub_tail = call;
     if (io_engine == e)
         e->resubmitted = 1;
-    else
-        wake(e);
+    else if (!(call->waited && e->waiters_drive && e->driver == DRIVER_NONE))
+        kick(e); /* else the starter's wait drives, and adopts it */
     pthread_mutex_unlock(&e->mu);
     return 0;
 }
@@ -415,11 +454,10 @@ void ctl_call_cancel(ctl_call *call)
         return;
     if (atomic_exchange_explicit(&call->cancel, 1, memory_order_acq_rel))
         return; /* asked already */
-    /* Not ended yet, so the client (and its engine) is still there. */
-    ctl_engine *e = call->client->engine;
+    ctl_engine *e = call->engine;
     pthread_mutex_lock(&e->mu);
     e->cancels++;
-    wake(e);
+    kick(e);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -433,6 +471,53 @@ static void set_state(ctl_call *call, int state)
                 NULL, 0);
 }
 
+static int pass(ctl_engine *e, int cap_ms);
+
+/* Drive the engine on this thread until `call` has ended, or until
+ * `until_ns` (0: no limit) has passed. Returns 0 (it has ended),
+ * CTL_TRANSFER (the time ran out), or 1 when this thread may not drive
+ * (another does, the engine is going, or callbacks must run on the I/O
+ * thread) or has stopped driving early: the caller waits instead. */
+static int drive_for(ctl_engine *e, ctl_call *call, int64_t until_ns)
+{
+    if (!e->waiters_drive || io_engine == e)
+        return 1;
+    pthread_mutex_lock(&e->mu);
+    int mine = e->driver == DRIVER_NONE && !e->stopping;
+    if (mine)
+        e->driver = DRIVER_WAITER;
+    pthread_mutex_unlock(&e->mu);
+    if (!mine)
+        return 1;
+    int rc = 1;
+    for (;;) {
+        if (atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED) {
+            rc = 0;
+            break;
+        }
+        int cap = -1;
+        if (until_ns) {
+            int64_t ns = until_ns - ctl_now_ns();
+            if (ns <= 0) {
+                rc = CTL_TRANSFER;
+                break;
+            }
+            int64_t ms = (ns + 999999) / 1000000; /* no turn with 0 left */
+            cap = ms > INT32_MAX ? INT32_MAX : (int)ms;
+        }
+        if (pass(e, cap) != PASS_BUSY)
+            break; /* the engine is going (the I/O thread ends the calls) */
+    }
+    /* Give the drive back; the I/O thread takes it if anything is left. */
+    int busy = e->live != NULL;
+    pthread_mutex_lock(&e->mu);
+    e->driver = DRIVER_NONE;
+    if (busy || e->sub_head || e->cancels || e->stopping)
+        pthread_cond_signal(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 int ctl_call_wait(ctl_call *call, int timeout_ms)
 {
     if (!call)
@@ -440,7 +525,10 @@ int ctl_call_wait(ctl_call *call, int timeout_ms)
     if (atomic_load_explicit(&call->state, memory_order_acquire) != CTL_CALL_STARTED)
         return 0;
     int64_t until = timeout_ms >= 0 ? ctl_now_ns() + (int64_t)timeout_ms * 1000000 : 0;
-    int rc = 0;
+    int rc = drive_for(call->engine, call, until);
+    if (rc != 1)
+        return rc;
+    rc = 0;
     atomic_fetch_add(&call->waiting, 1);
     while (atomic_load(&call->state) == CTL_CALL_STARTED) {
         struct timespec left, *lp = NULL;
@@ -865,81 +953,142 @@ static int wait_ms(ctl_engine *e, int64_t now)
     return d < 0 ? 0 : d > INT32_MAX ? INT32_MAX : (int)d;
 }
 
+/* Run the sockets' upkeep when it is due. */
+static void upkeep(ctl_engine *e, int64_t now)
+{
+    ctl_client *c = e->client;
+    if (now >= e->next_upkeep_ms &&
+        !atomic_load_explicit(&c->no_upkeep, memory_order_relaxed)) {
+        ctl_pool_upkeep(c->pool, now);
+        e->next_upkeep_ms = now + UPKEEP_MS;
+    }
+}
+
+/* One pass of the engine, by its driver: take the submissions and
+ * cancels, and with calls in flight wait (at most `cap_ms`, < 0: no cap)
+ * for their sockets and timers and handle what came. A waiter's pass
+ * leaves the engine's end to the I/O thread. */
+static int pass(ctl_engine *e, int cap_ms)
+{
+    ctl_client *c = e->client;
+    struct epoll_event evs[EVENTS_PER_WAIT];
+    e->resubmitted = 0;
+    /* Between two waits: no event in hand can point at these. */
+    ctl_pool_reap(c->pool);
+    pthread_mutex_lock(&e->mu);
+    int stopping = e->stopping;
+    if (stopping && io_engine != e) {
+        pthread_mutex_unlock(&e->mu);
+        return PASS_STOPPED;
+    }
+    ctl_call *subs = e->sub_head;
+    e->sub_head = e->sub_tail = NULL;
+    unsigned cancels = e->cancels;
+    e->cancels = 0;
+    e->wake_pending = 0;
+    pthread_mutex_unlock(&e->mu);
+
+    int had_live = e->live != NULL;
+    while (subs) {
+        ctl_call *call = subs;
+        subs = call->next;
+        call->next = NULL;
+        start_call(e, call,
+                   stopping ? "the client was destroyed; nothing was sent" : NULL);
+    }
+    if (!had_live && e->live)
+        e->next_check_ms = ctl_now_ms() + CHECK_SLICE_MS;
+    if (cancels)
+        cancel_pass(e);
+    if (stopping) {
+        while (e->live)
+            fail_call(e, e->live, CTL_CAUSE_CANCELLED,
+                      "the client was destroyed while the call was in "
+                      "flight (the unit may have run it)",
+                      "the client was destroyed; nothing was sent",
+                      "the client was destroyed while the call waited to "
+                      "retry (an earlier attempt was sent: the unit may "
+                      "have run it)");
+        deliver_ended(e);
+        return PASS_STOPPED;
+    }
+    deliver_ended(e);
+
+    int64_t now = ctl_now_ms();
+    if (!e->live && !e->resubmitted) {
+        /* Nothing to wait for: an idle socket's signal is for nobody, and
+         * the set keeps it for the next driver's wait. */
+        upkeep(e, now);
+        return PASS_IDLE;
+    }
+    int ms = e->resubmitted ? 0 : wait_ms(e, now);
+    if (cap_ms >= 0 && cap_ms < ms)
+        ms = cap_ms;
+    int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT, ms);
+    for (int i = 0; i < n; i++) {
+        ctl_conn *conn = evs[i].data.ptr;
+        if (!conn) {
+            uint64_t v;
+            ssize_t r = read(e->wake_fd, &v, sizeof v);
+            (void)r;
+            continue;
+        }
+        if (conn->engine_rq) /* else idle, or lent to a blocking call */
+            drain(e, conn->engine_rq);
+    }
+    now = ctl_now_ms();
+    expire_pass(e, now);
+    if (now >= e->next_check_ms) {
+        check_pass(e, now);
+        e->next_check_ms = now + CHECK_SLICE_MS;
+    }
+    upkeep(e, now);
+    deliver_ended(e);
+    return PASS_BUSY;
+}
+
+/* Whether the I/O thread has work to take up (mutex held, nobody
+ * driving: the engine's state is the last driver's, handed over). */
+static int io_has_work(const ctl_engine *e)
+{
+    return e->stopping || e->sub_head || e->cancels || e->live ||
+           ctl_now_ms() >= e->next_upkeep_ms;
+}
+
+/* Sleep on the condition variable until `until_ms` (monotonic). */
+static void idle_until(ctl_engine *e, int64_t until_ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(until_ms / 1000),
+                          .tv_nsec = (long)(until_ms % 1000) * 1000000};
+    pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+}
+
+/* The I/O thread drives the engine while calls are in flight and nobody
+ * else does; otherwise it sleeps, waking for the sockets' upkeep. */
 static void *io_thread(void *arg)
 {
     ctl_engine *e = arg;
-    ctl_client *c = e->client;
-    struct epoll_event evs[EVENTS_PER_WAIT];
-    int64_t now = ctl_now_ms();
-    e->next_check_ms = now + CHECK_SLICE_MS;
-    e->next_upkeep_ms = now + UPKEEP_MS;
     io_engine = e;
+    pthread_mutex_lock(&e->mu);
     for (;;) {
-        e->resubmitted = 0;
-        /* Between two waits: no event in hand can point at these. */
-        ctl_pool_reap(c->pool);
-        pthread_mutex_lock(&e->mu);
-        ctl_call *subs = e->sub_head;
-        e->sub_head = e->sub_tail = NULL;
-        unsigned cancels = e->cancels;
-        e->cancels = 0;
-        int stopping = e->stopping;
-        e->wake_pending = 0;
+        /* While a waiter drives, the engine's timers are its: look again
+         * every upkeep period (it hands the drive back with a signal when
+         * calls are left in flight). */
+        while (e->driver != DRIVER_NONE || !io_has_work(e))
+            idle_until(e, e->driver != DRIVER_NONE ? ctl_now_ms() + UPKEEP_MS
+                                                   : e->next_upkeep_ms);
+        e->driver = DRIVER_IO;
         pthread_mutex_unlock(&e->mu);
-
-        int had_live = e->live != NULL;
-        while (subs) {
-            ctl_call *call = subs;
-            subs = call->next;
-            call->next = NULL;
-            start_call(e, call,
-                       stopping ? "the client was destroyed; nothing was sent" : NULL);
-        }
-        if (!had_live && e->live)
-            e->next_check_ms = ctl_now_ms() + CHECK_SLICE_MS;
-        if (cancels)
-            cancel_pass(e);
-        if (stopping) {
-            while (e->live)
-                fail_call(e, e->live, CTL_CAUSE_CANCELLED,
-                          "the client was destroyed while the call was in "
-                          "flight (the unit may have run it)",
-                          "the client was destroyed; nothing was sent",
-                          "the client was destroyed while the call waited to "
-                          "retry (an earlier attempt was sent: the unit may "
-                          "have run it)");
-            deliver_ended(e);
+        int st;
+        do
+            st = pass(e, -1);
+        while (st == PASS_BUSY);
+        pthread_mutex_lock(&e->mu);
+        if (st == PASS_STOPPED)
             break;
-        }
-        deliver_ended(e);
-
-        now = ctl_now_ms();
-        int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT,
-                           e->resubmitted ? 0 : wait_ms(e, now));
-        for (int i = 0; i < n; i++) {
-            ctl_conn *conn = evs[i].data.ptr;
-            if (!conn) {
-                uint64_t v;
-                ssize_t r = read(e->wake_fd, &v, sizeof v);
-                (void)r;
-                continue;
-            }
-            if (conn->engine_rq) /* else idle, or lent to a blocking call */
-                drain(e, conn->engine_rq);
-        }
-        now = ctl_now_ms();
-        expire_pass(e, now);
-        if (now >= e->next_check_ms) {
-            check_pass(e, now);
-            e->next_check_ms = now + CHECK_SLICE_MS;
-        }
-        if (now >= e->next_upkeep_ms &&
-            !atomic_load_explicit(&c->no_upkeep, memory_order_relaxed)) {
-            ctl_pool_upkeep(c->pool, now);
-            e->next_upkeep_ms = now + UPKEEP_MS;
-        }
-        deliver_ended(e);
+        e->driver = DRIVER_NONE;
     }
+    pthread_mutex_unlock(&e->mu);
     return NULL;
 }
 
@@ -950,6 +1099,11 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
     if (!e)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
     e->client = c;
+    atomic_init(&e->refs, 1);
+    e->waiters_drive = !c->opts.callbacks_on_io_thread;
+    int64_t now = ctl_now_ms();
+    e->next_check_ms = now + CHECK_SLICE_MS;
+    e->next_upkeep_ms = now + UPKEEP_MS;
     e->epfd = epoll_create1(EPOLL_CLOEXEC);
     e->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     e->ready_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -960,11 +1114,17 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
         e_no = errno;
         goto fail;
     }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* ctl_now_ms's */
+    pthread_cond_init(&e->idle, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&e->mu, NULL);
     ctl_pool_set_epfd(c->pool, e->epfd);
     if ((e_no = pthread_create(&e->thread, NULL, io_thread, e)) != 0) {
         ctl_pool_set_epfd(c->pool, -1);
         pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->idle);
         goto fail;
     }
     *out = e;
@@ -990,9 +1150,13 @@ void ctl_engine_destroy(ctl_engine **engine)
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
     e->wake_pending = 0;
-    wake(e);
+    kick(e);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
+    /* A late cancel writes nothing to the descriptors closed below. */
+    pthread_mutex_lock(&e->mu);
+    e->joined = 1;
+    pthread_mutex_unlock(&e->mu);
     /* Calls submitted after the thread's last look (none can be: submit
      * refuses once stopping is set) and completions still queued. */
     ctl_engine_process(e, 0);
@@ -1003,7 +1167,6 @@ void ctl_engine_destroy(ctl_engine **engine)
     close(e->epfd);
     close(e->wake_fd);
     close(e->ready_fd);
-    pthread_mutex_destroy(&e->mu);
-    free(e);
     *engine = NULL;
+    engine_unref(e); /* the calls still held keep the rest */
 }

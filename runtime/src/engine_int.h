@@ -53,6 +53,10 @@ struct ctl_call {
     _Atomic int waiting; /* threads in ctl_call_wait on it */
     _Atomic int cancel; /* the caller asked for a cancel */
     ctl_client *client;
+    /* Its client's engine, which the call keeps (a reference): a thread
+     * waiting for the call looks at the engine even while the client is
+     * being destroyed. */
+    ctl_engine *engine;
     int many;           /* a fan-out (its callback takes the outcomes) */
     size_t count;       /* requests */
     size_t left;        /* requests not done yet (I/O thread) */
@@ -86,6 +90,10 @@ struct ctl_call {
      * its frame (`req`) and no socket was left for the I/O thread. */
     int send_on_submit;
     int sent;
+    /* Set by the starter that waits for the call at once (the blocking
+     * fan-out): the submit wakes nobody when nobody drives the engine,
+     * because the starter's wait will (ctl_call_wait). */
+    int waited;
 };
 
 enum { CTL_CALL_STARTED, CTL_CALL_DONE, CTL_CALL_DELIVERED };
