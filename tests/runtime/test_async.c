@@ -1370,6 +1370,131 @@ static void test_wait_from_many_threads(void **state)
     ctl_call_release(answered);
 }
 
+/* A blocking fan-out on its own thread, and what it got. */
+typedef struct fanner {
+    pthread_t thread;
+    ctl_client *client;
+    const char *address;
+    int timeout_ms;
+    int failed;
+    int cause;
+    atomic_int returned;
+} fanner;
+
+static void *fan_thread(void *arg)
+{
+    fanner *w = arg;
+    ctl_target t = {w->address, NULL, 0};
+    ctl_outcome out;
+    w->failed = ctl_client_call_many(w->client, "echo", &t, 1, w->timeout_ms, &out);
+    w->cause = out.error.cause;
+    ctl_outcomes_fini(&out, 1);
+    atomic_store(&w->returned, 1);
+    return NULL;
+}
+
+/* A thread blocked in a fan-out drives the engine (nobody else does): the
+ * calls other threads start meanwhile go out and complete through it, long
+ * before its own call ends; when it has returned, the I/O thread drives
+ * what is left. */
+static void test_waiter_drives_other_calls(void **state)
+{
+    enum { N = 8 };
+    fx *f = *state;
+    seen s[N];
+    memset(s, 0, sizeof s);
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    fanner w = {.client = f->client, .address = tu_fake_endpoint(f->fake),
+                .timeout_ms = 1500};
+    atomic_init(&w.returned, 0);
+    assert_int_equal(pthread_create(&w.thread, NULL, fan_thread, &w), 0);
+    int64_t until = tu_now_ms() + CALL_MS;
+    while (tu_fake_seen(f->fake) < 1 && tu_now_ms() < until)
+        sched_yield();
+    assert_int_equal(tu_fake_seen(f->fake), 1);
+    /* Others' calls while it waits: asynchronous ones, and one whose
+     * deadline falls after the fan-out's end. */
+    for (int i = 0; i < N - 1; i++) {
+        pack_echo(&f->args, i);
+        assert_int_equal(ctl_client_call_start(f->client, f->unit.endpoint, "echo",
+                                               f->args.sb.data, f->args.sb.size, CALL_MS,
+                                               on_done, &s[i], NULL, &f->err),
+                         0);
+    }
+    assert_int_equal(ctl_client_call_start(f->client, tu_fake_endpoint(f->fake), "echo",
+                                           NULL, 0, 2500, on_done, &s[N - 1], NULL,
+                                           &f->err),
+                     0);
+    for (int i = 0; i < N - 1; i++) {
+        int64_t t = tu_now_ms() + CALL_MS;
+        while (atomic_load(&s[i].completions) == 0 && tu_now_ms() < t)
+            process_until(f->client, &s[i].completions, 1, 50);
+        assert_int_equal(atomic_load(&s[i].completions), 1);
+        assert_int_equal(s[i].kind, CTL_OK);
+        assert_int_equal(s[i].value, i);
+    }
+    /* All answered while the fan-out still waited for its silent unit. */
+    assert_int_equal(atomic_load(&w.returned), 0);
+    assert_int_equal(pthread_join(w.thread, NULL), 0);
+    assert_int_equal(w.failed, 1);
+    assert_int_equal(w.cause, CTL_CAUSE_TIMEOUT);
+    /* The last call outlived the fan-out: its deadline still ends it. */
+    assert_int_equal(process_until(f->client, &s[N - 1].completions, 1, CALL_MS), 1);
+    assert_int_equal(s[N - 1].kind, CTL_TRANSFER);
+    assert_int_equal(s[N - 1].cause, CTL_CAUSE_TIMEOUT);
+}
+
+/* A wait that runs out gives the drive back: the call still ends at its
+ * own deadline, with nobody waiting. */
+static void test_wait_runs_out_then_deadline(void **state)
+{
+    fx *f = *state;
+    ctl_call *call = NULL;
+    seen s = {0};
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    assert_int_equal(ctl_client_call_start(f->client, tu_fake_endpoint(f->fake), "echo",
+                                           NULL, 0, 400, on_done, &s, &call, &f->err),
+                     0);
+    assert_int_equal(ctl_call_wait(call, 50), CTL_TRANSFER);
+    assert_int_equal(process_until(f->client, &s.completions, 1, CALL_MS), 1);
+    assert_int_equal(s.cause, CTL_CAUSE_TIMEOUT);
+    assert_int_equal(ctl_call_wait(call, 0), 0);
+    ctl_call_release(call);
+}
+
+/* A client destroyed while another thread waits for one of its calls
+ * (driving the engine or not): the wait returns, the call completed as
+ * destroyed, and the handle outlives the client. */
+static void test_destroy_while_waiting(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    for (int round = 0; round < 40; round++) {
+        ctl_client *c = new_client(round % 4 == 3, 0);
+        assert_non_null(c);
+        ctl_call *call = NULL;
+        atomic_int returned = 0;
+        waiter w = {.returned = &returned, .rc = -1};
+        assert_int_equal(ctl_client_call_start(c, tu_fake_endpoint(f->fake), "echo", NULL,
+                                               0, CALL_MS, NULL, NULL, &call, &f->err),
+                         0);
+        w.call = call;
+        assert_int_equal(pthread_create(&w.thread, NULL, wait_thread, &w), 0);
+        if (round % 2)
+            sched_yield();
+        ctl_client_destroy(&c);
+        assert_int_equal(tu_wait_atleast(&returned, 1, CALL_MS), 1);
+        pthread_join(w.thread, NULL);
+        assert_int_equal(w.rc, 0);
+        size_t n = 0;
+        const ctl_outcome *o = ctl_call_outcomes(call, &n);
+        assert_int_equal(n, 1);
+        assert_int_equal(o[0].error.cause, CTL_CAUSE_CANCELLED);
+        assert_non_null(strstr(o[0].error.msg, "destroyed"));
+        ctl_call_release(call);
+    }
+}
+
 static void test_bad_start_arguments(void **state)
 {
     fx *f = *state;
@@ -1421,6 +1546,9 @@ int main(void)
         T(test_wait_without_callback),
         T(test_wait_times_out),
         T(test_wait_from_many_threads),
+        T(test_waiter_drives_other_calls),
+        T(test_wait_runs_out_then_deadline),
+        T(test_destroy_while_waiting),
         T(test_bad_start_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
