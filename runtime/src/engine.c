@@ -1,7 +1,22 @@
 /*
- * engine.c - the client's I/O thread: see engine_int.h for the contract.
+ * engine.c - the client's engine: see engine_int.h for the contract.
  *
- * The thread sleeps in epoll_wait on three kinds of descriptor: its wake
+ * Drivers. One thread at a time drives the engine: it runs its passes,
+ * owns its state (the heap, the calls in flight, the sockets they use)
+ * and is the only one in its epoll_wait. That is the I/O thread while
+ * calls are in flight, except when a thread waiting for a call
+ * (ctl_call_wait, and so the blocking fan-out) finds nobody driving: the
+ * waiter then drives itself until its call ends or its wait runs out, and
+ * the I/O thread sleeps on its condition variable. A reply then reaches
+ * the thread that waits for it with no hand-off between two threads of
+ * ours, as in a bare ZeroMQ loop. A waiter does not drive when callbacks
+ * run on the I/O thread (they would run on the waiter), nor for a call
+ * with sockets still to dial (send_here). The mutex hands the drive over
+ * (a full barrier for the sockets, as ZeroMQ requires); a driver that
+ * stops with calls still in flight signals the I/O thread to take them
+ * on. With nothing in flight the I/O thread waits only for its upkeep.
+ *
+ * The driver sleeps in epoll_wait on two kinds of descriptor: the wake
  * eventfd (a call was submitted or cancelled, or the client is going), and
  * the ZMQ_FD of every socket with a request in flight. ZMQ_FD says only
  * "look at this socket": after a wake-up, and after every send, the socket
@@ -26,8 +41,8 @@
  * callback may start calls, release handles, or cancel other calls).
  *
  * Locking: one mutex guards the submission queue, the cancel count, the
- * completion queue, and `stopping`. It is never held while a callback runs
- * or while a socket is touched.
+ * completion queue, who drives, and `stopping`. It is never held while a
+ * callback runs or while a socket is touched.
  *
  * Waiting. A thread in ctl_call_wait sleeps on its call's own state word (a
  * futex), so a call that ends wakes only the threads waiting for that
@@ -348,6 +363,14 @@ static void rq_no_address(ctl_call *call, size_t i)
     rq->done = 1;
 }
 
+/* Whether send_here left request `rq` for the I/O thread to send: it
+ * still holds its frame (ctl_rq_send consumes it unless it found no idle
+ * socket; a request without an address is done). */
+static int left_unsent(const ctl_rq *rq)
+{
+    return !rq->done && rq->req;
+}
+
 /* Send the requests of `call` that have an idle socket on the calling
  * thread (send_on_submit, CTL_SEND_IDLE). The sockets are
  * lent to this thread until the I/O thread takes the call over: it
@@ -368,16 +391,10 @@ static void send_here(ctl_call *call)
         rq->idle_only = 1;
         ctl_rq_send(c, rq);
         rq->idle_only = 0;
+        if (left_unsent(rq))
+            call->dials = 1;
     }
     call->sent = 1;
-}
-
-/* Whether send_here left request `rq` for the I/O thread to send: it
- * still holds its frame (ctl_rq_send consumes it unless it found no idle
- * socket; a request without an address is done). */
-static int left_unsent(const ctl_rq *rq)
-{
-    return !rq->done && rq->req;
 }
 
 /* Tell the engine there is work (a submission, a cancel, the end): the
@@ -441,7 +458,8 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     e->sub_tail = call;
     if (io_engine == e)
         e->resubmitted = 1;
-    else if (!(call->waited && e->waiters_drive && e->driver == DRIVER_NONE))
+    else if (!(call->waited && !call->dials && e->waiters_drive &&
+               e->driver == DRIVER_NONE))
         kick(e); /* else the starter's wait drives, and adopts it */
     pthread_mutex_unlock(&e->mu);
     return 0;
@@ -476,11 +494,13 @@ static int pass(ctl_engine *e, int cap_ms);
 /* Drive the engine on this thread until `call` has ended, or until
  * `until_ns` (0: no limit) has passed. Returns 0 (it has ended),
  * CTL_TRANSFER (the time ran out), or 1 when this thread may not drive
- * (another does, the engine is going, or callbacks must run on the I/O
- * thread) or has stopped driving early: the caller waits instead. */
+ * (another does, the engine is going, callbacks must run on the I/O
+ * thread, or the call has requests that the I/O thread sends) or has
+ * stopped driving early: the caller waits instead. */
 static int drive_for(ctl_engine *e, ctl_call *call, int64_t until_ns)
 {
-    if (!e->waiters_drive || io_engine == e)
+    /* A call with sockets to dial is the I/O thread's (send_here). */
+    if (!e->waiters_drive || io_engine == e || !call->sent || call->dials)
         return 1;
     pthread_mutex_lock(&e->mu);
     int mine = e->driver == DRIVER_NONE && !e->stopping;

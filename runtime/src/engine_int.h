@@ -7,9 +7,10 @@
  * monitors of idle ones, closing idle sockets after their idle time or as
  * soon as their unit has gone) and that drives every call that is not a
  * single blocking call: asynchronous calls, asynchronous fan-outs and the
- * blocking fan-out (which starts one and waits for it). A call is a set of
- * requests (request_int.h) with one deadline, one completion and one
- * handle (ctl_call).
+ * blocking fan-out (which starts one and waits for it). A thread waiting
+ * for a call drives the engine itself when nobody else does (engine.c,
+ * "Drivers"). A call is a set of requests (request_int.h) with one
+ * deadline, one completion and one handle (ctl_call).
  *
  * A single blocking call does not come here: it borrows a connection and
  * drives its one request on its caller's thread, because handing it to the
@@ -18,9 +19,9 @@
  * the same counters, so both paths reach the same outcome for the same
  * replies.
  *
- * Completion. Only the I/O thread ends a call, so a call ends exactly once
- * whatever races it (a reply, its deadline, a cancel, the client's
- * destruction). An ended call is delivered either at once on the I/O
+ * Completion. Only the engine's driver ends a call, and one thread drives
+ * at a time, so a call ends exactly once whatever races it (a reply, its
+ * deadline, a cancel, the client's destruction). An ended call is delivered either at once on the I/O
  * thread (ctl_client_options.callbacks_on_io_thread) or queued until the
  * caller runs ctl_client_process; an eventfd is readable while the queue
  * is not empty. A call's handle has two references, the caller's and the
@@ -90,6 +91,7 @@ struct ctl_call {
      * its frame (`req`) and no socket was left for the I/O thread. */
     int send_on_submit;
     int sent;
+    int dials; /* send_here left requests for the I/O thread to dial */
     /* Set by the starter that waits for the call at once (the blocking
      * fan-out): the submit wakes nobody when nobody drives the engine,
      * because the starter's wait will (ctl_call_wait). */

@@ -500,7 +500,9 @@ CTL_API void ctl_call_cancel(ctl_call *call);
  * bounds). Returns 0 when it has, CTL_TRANSFER when the time ran out first.
  * With callbacks_on_io_thread the callback has run by then; with queued
  * completions it runs at the next ctl_client_process. Must not be called
- * from a callback on the I/O thread. */
+ * from a callback on the I/O thread. With queued completions a waiting
+ * thread may drive the client's engine itself meanwhile (docs/API.md,
+ * "Wait"): no callback runs on it. */
 CTL_API int ctl_call_wait(ctl_call *call, int timeout_ms);
 
 /* The outcomes of a completed call: `*count` of them (1 for a single call),
