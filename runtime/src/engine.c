@@ -97,7 +97,9 @@ struct ctl_engine {
     int epfd;
     int wake_fd;  /* the driver's wake-up, in the epoll set */
     int ready_fd; /* readable while completions are queued */
-    int waiters_drive; /* not callbacks_on_io_thread: waiters may drive */
+    /* opts.callbacks_on_io_thread, kept here: a waiter reads it while the
+     * client may be going. */
+    int io_callbacks;
     pthread_mutex_t mu;
     pthread_cond_t idle; /* the I/O thread's, while it does not drive */
     int driver;        /* DRIVER_* */
@@ -415,6 +417,15 @@ static void kick(ctl_engine *e)
     (void)n; /* a full counter (never here) is a wake-up all the same */
 }
 
+/* Whether a thread waiting for `call` may drive the engine for it: not
+ * when callbacks run on the I/O thread (they would run on the waiter),
+ * nor for a call the caller's thread has not sent, or left sockets to dial
+ * (send_here): sockets are made on the I/O thread. */
+static int waiter_may_drive(const ctl_engine *e, const ctl_call *call)
+{
+    return !e->io_callbacks && call->sent && !call->dials;
+}
+
 int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
 {
     ctl_client *c = call->client;
@@ -458,7 +469,7 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     e->sub_tail = call;
     if (io_engine == e)
         e->resubmitted = 1;
-    else if (!(call->waited && !call->dials && e->waiters_drive &&
+    else if (!(call->waited && waiter_may_drive(e, call) &&
                e->driver == DRIVER_NONE))
         kick(e); /* else the starter's wait drives, and adopts it */
     pthread_mutex_unlock(&e->mu);
@@ -499,8 +510,7 @@ static int pass(ctl_engine *e, int cap_ms);
  * stopped driving early: the caller waits instead. */
 static int drive_for(ctl_engine *e, ctl_call *call, int64_t until_ns)
 {
-    /* A call with sockets to dial is the I/O thread's (send_here). */
-    if (!e->waiters_drive || io_engine == e || !call->sent || call->dials)
+    if (io_engine == e || !waiter_may_drive(e, call))
         return 1;
     pthread_mutex_lock(&e->mu);
     int mine = e->driver == DRIVER_NONE && !e->stopping;
@@ -610,7 +620,7 @@ static void deliver_ended(ctl_engine *e)
         ctl_call *call = e->ended;
         e->ended = call->next;
         call->next = NULL;
-        if (e->client->opts.callbacks_on_io_thread || !has_callback(call)) {
+        if (e->io_callbacks || !has_callback(call)) {
             run_callback(call);
             /* Delivered before a waiter can see it: the waiter may release
              * its handle at once (this thread's reference keeps the call
@@ -1120,7 +1130,7 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
     e->client = c;
     atomic_init(&e->refs, 1);
-    e->waiters_drive = !c->opts.callbacks_on_io_thread;
+    e->io_callbacks = c->opts.callbacks_on_io_thread;
     int64_t now = ctl_now_ms();
     e->next_check_ms = now + CHECK_SLICE_MS;
     e->next_upkeep_ms = now + UPKEEP_MS;

@@ -21,8 +21,9 @@
  *
  * Completion. Only the engine's driver ends a call, and one thread drives
  * at a time, so a call ends exactly once whatever races it (a reply, its
- * deadline, a cancel, the client's destruction). An ended call is delivered either at once on the I/O
- * thread (ctl_client_options.callbacks_on_io_thread) or queued until the
+ * deadline, a cancel, the client's destruction). An ended call is
+ * delivered either at once on the I/O thread
+ * (ctl_client_options.callbacks_on_io_thread) or queued until the
  * caller runs ctl_client_process; an eventfd is readable while the queue
  * is not empty. A call's handle has two references, the caller's and the
  * engine's (dropped after delivery); the call and everything its outcome
