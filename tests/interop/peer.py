@@ -12,12 +12,18 @@ import os
 import secrets
 import select
 import signal
-import socket
 import subprocess
+import sys
 import time
 
 import msgpack
 import zmq
+
+# The Python tests' helpers (no ctlrpc import): one dead_address for every suite.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import support  # noqa: E402
+
+dead_address = support.dead_address
 
 START_S = 20   # a unit must print its endpoint within this
 CALL_S = 10    # a reply must arrive within this
@@ -132,15 +138,6 @@ class Process:
             self.proc.kill()
         self.proc.wait(timeout=START_S)
         self.proc.stdout.close()
-
-
-def dead_address():
-    """tcp://127.0.0.1:<port> where nothing listens (bound, then closed)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return "tcp://127.0.0.1:%d" % port
 
 
 def wait_for(check, what, timeout_s=10):

@@ -85,13 +85,27 @@ class Process:
         self.proc.stdout.close()
 
 
+# The sockets dead_address holds, by port: bound, never listening, for the life of the process.
+_DEAD = {}
+
+
 def dead_address():
-    """tcp://127.0.0.1:<port> where nothing listens (bound, then closed)."""
+    """tcp://127.0.0.1:<port> where nothing listens: a connection is refused. The port stays
+    bound (not listening) while the process lives, so no other unit on the machine can take it
+    and receive what a test sends there (a port bound and closed again is free for the next
+    bind, and the kernel picks from fewer ports when many wait in TIME_WAIT)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()
+    _DEAD[port] = s
     return "tcp://127.0.0.1:%d" % port
+
+
+def dead_release(address):
+    """Let a port of dead_address go, for a test that then serves `address`."""
+    s = _DEAD.pop(int(address.rsplit(":", 1)[1]), None)
+    if s is not None:
+        s.close()
 
 
 def have_ipv6_loopback():

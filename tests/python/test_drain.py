@@ -122,16 +122,26 @@ class Drain(unittest.TestCase):
         self.addCleanup(release.set)
         client = ctlrpc.Client(timeout=0.5)
         self.addCleanup(client.close)
-        t = threading.Thread(target=lambda: self.assertRaises(
-            ctlrpc.Timeout, client.call, server.endpoint, "block"))
+        seen = []
+
+        def caller():
+            try:
+                seen.append(client.call(server.endpoint, "block"))
+            except ctlrpc.Error as e:
+                seen.append(e)
+        t = threading.Thread(target=caller)
         t.start()
         self.assertTrue(entered.wait(CALL_S))
         t0 = time.monotonic()
         server.drain(0.3)
         # Within its timeout (and what a loaded machine adds), not when the handler ends.
         self.assertLess(time.monotonic() - t0, 0.3 + 3.0)
-        release.set()
+        # The handler still runs: the call ends at its deadline, then the handler is let go.
         t.join(CALL_S)
+        self.assertFalse(t.is_alive())
+        release.set()
+        self.assertEqual(len(seen), 1)
+        self.assertIsInstance(seen[0], ctlrpc.Timeout)
 
 
 def child():

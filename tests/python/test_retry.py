@@ -126,10 +126,6 @@ class Case(unittest.TestCase):
             self.assertTrue(d - 0.25 < got <= d + 1e-9, (t.sleeps, want))
 
 
-def port_of(address):
-    return int(address.rsplit(":", 1)[1])
-
-
 class NeverSent(unittest.TestCase):
     """What a client reports as not sent never reaches a handler, even when a unit starts on
     the address within the client's late grace."""
@@ -157,6 +153,7 @@ class NeverSent(unittest.TestCase):
                 c.notify(address, "note")
             self.assertEqual(cm.exception.cause, "refused", str(cm.exception))
             self.assertIn("nothing was sent", str(cm.exception))
+            support.dead_release(address)
             unit = Unit(address)  # at once: the retired sockets still reconnect
             try:
                 with ctlrpc.Client(timeout=CALL_S) as other:
@@ -184,6 +181,7 @@ class NeverSent(unittest.TestCase):
                 self.assertIn("nothing was sent", str(cm.exception))
                 outs = await c.call_many("target", [(address, None)])
                 self.assertIn("nothing was sent", str(outs[0].error))
+                support.dead_release(address)
                 unit = Unit(address)
                 try:
                     while c.stats(address)["sockets"]:
@@ -352,11 +350,9 @@ class Policy(Case):
 
     def test_lost_after_sent_only_when_idempotent(self):
         for idempotent in (False, True):
-            port = port_of(support.dead_address())
-            address = "tcp://127.0.0.1:%d" % port
             ctx = zmq.Context.instance()
             router = ctx.socket(zmq.ROUTER)
-            router.bind(address)
+            address = "tcp://127.0.0.1:%d" % router.bind_to_random_port("tcp://127.0.0.1")
             got = threading.Event()
 
             def fake():  # takes the request, then goes away without answering

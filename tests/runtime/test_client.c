@@ -529,6 +529,7 @@ static void test_refused_never_runs_later(void **state)
         ctl_server_options so;
         ctl_server_options_init(&so);
         so.endpoint = dead;
+        tu_dead_release(dead);
         assert_int_equal(tu_unit_start(&u, &so, &f->err), 0);
         /* Until the refused call's socket is gone (its grace period), call
          * the new unit: only these calls may reach it. */
@@ -578,6 +579,7 @@ static void test_refused_then_listening(void **state)
     ctl_server_options so;
     ctl_server_options_init(&so);
     so.endpoint = dead;
+    tu_dead_release(dead);
     tu_unit *u = &f->extra[f->n_extra];
     if (tu_unit_start(u, &so, &f->err) != 0)
         skip(); /* the port was taken meanwhile */

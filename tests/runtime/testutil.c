@@ -61,11 +61,23 @@ int tu_wait_atleast(atomic_int *v, int want, int timeout_ms)
     return got;
 }
 
+/* The ports tu_dead_address holds: bound, never listening. A port bound
+ * and closed again would be free for the next bind on the machine, and a
+ * request a test sends there could reach another test's unit (the kernel
+ * picks ports at random, and from fewer when many wait in TIME_WAIT). */
+#define TU_DEAD_MAX 64
+static struct {
+    pthread_mutex_t mu;
+    int fd[TU_DEAD_MAX];
+    unsigned port[TU_DEAD_MAX];
+    size_t next; /* the slot taken next (the oldest once all are) */
+} tu_dead = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
 void tu_dead_address(char *buf, size_t buflen)
 {
     struct sockaddr_in sa;
     socklen_t sl = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -74,12 +86,33 @@ void tu_dead_address(char *buf, size_t buflen)
         getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
         /* Port 9 (discard) is practically never served on a test host. */
         snprintf(buf, buflen, "tcp://127.0.0.1:9");
-    } else {
-        snprintf(buf, buflen, "tcp://127.0.0.1:%u",
-                 (unsigned)ntohs(sa.sin_port));
+        if (fd >= 0)
+            close(fd);
+        return;
     }
-    if (fd >= 0)
-        close(fd);
+    unsigned port = ntohs(sa.sin_port);
+    snprintf(buf, buflen, "tcp://127.0.0.1:%u", port);
+    pthread_mutex_lock(&tu_dead.mu);
+    size_t i = tu_dead.next++ % TU_DEAD_MAX;
+    if (tu_dead.port[i])
+        close(tu_dead.fd[i]); /* the oldest of TU_DEAD_MAX goes */
+    tu_dead.fd[i] = fd;
+    tu_dead.port[i] = port;
+    pthread_mutex_unlock(&tu_dead.mu);
+}
+
+void tu_dead_release(const char *address)
+{
+    const char *colon = strrchr(address, ':');
+    unsigned port = colon ? (unsigned)strtoul(colon + 1, NULL, 10) : 0;
+    pthread_mutex_lock(&tu_dead.mu);
+    for (size_t i = 0; port && i < TU_DEAD_MAX; i++) {
+        if (tu_dead.port[i] == port) {
+            close(tu_dead.fd[i]);
+            tu_dead.port[i] = 0;
+        }
+    }
+    pthread_mutex_unlock(&tu_dead.mu);
 }
 
 /* ---- msgpack helpers -------------------------------------------------- */

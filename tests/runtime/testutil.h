@@ -41,8 +41,12 @@ size_t tu_rss_bytes(void);
 /* Poll until *v >= want or timeout_ms passes; returns the last value read. */
 int tu_wait_atleast(atomic_int *v, int want, int timeout_ms);
 
-/* "tcp://127.0.0.1:<port>" where nothing listens: a port bound then closed. */
+/* "tcp://127.0.0.1:<port>" where nothing listens: a connection is refused.
+ * The port stays bound (not listening) for the life of the process, so no
+ * other unit on the machine can take it and receive what a test sends
+ * there; tu_dead_release lets it go for a test that then serves it. */
 void tu_dead_address(char *buf, size_t buflen);
+void tu_dead_release(const char *address);
 
 /* ---- msgpack helpers -------------------------------------------------- */
 

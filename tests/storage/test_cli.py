@@ -24,14 +24,14 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 
-# The Python tests' helpers (no ctlrpc import): one have_ipv6_loopback for every suite.
+# The Python tests' helpers (no ctlrpc import): one have_ipv6_loopback and dead_address
+# for every suite.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import support  # noqa: E402
 
@@ -93,15 +93,6 @@ class Unit:
             self.proc.kill()
         self.proc.wait(timeout=START_S)
         self.proc.stdout.close()
-
-
-def dead_address():
-    """tcp://127.0.0.1:<port> where nothing listens (bound, then closed)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return "tcp://127.0.0.1:%d" % port
 
 
 class Result:
@@ -537,7 +528,7 @@ class TestCommands(CliCase):
         self.assertIn("(after 3 attempts)", r.err)
         # Refused: nothing was sent, so any op goes again.
         r = cli("--retries", "1", "--timeout", "20s", "stats",
-                addresses=[dead_address()])
+                addresses=[support.dead_address()])
         self.assertEqual(r.status, EXIT["unreachable"], r.err)
         self.assertIn("nothing was sent (after 2 attempts)", r.text + r.err)
         self.assertIn("--retries N", cli("--help").text)
@@ -617,7 +608,7 @@ class TestFanOut(CliCase):
         for i, u in enumerate(self.us):
             for k in ["k%d" % i, "shared", "x/%d" % i]:
                 self.run_ok(u, "put", k, "-", stdin=b"v" * (i + 1))
-        self.dead = dead_address()
+        self.dead = support.dead_address()
         self.addresses = [u.address for u in self.us]
 
     def test_stats_all_up(self):
