@@ -36,6 +36,16 @@
  * monitor check (every CHECK_SLICE_MS, for requests that have waited that
  * long without a reply: the fail-fast causes of docs/API.md) and a cancel.
  *
+ * Batching the wake-ups. Before it sleeps, a driver whose calls in flight
+ * all have many requests left (NEAR_LEFT or more: the middle of a large
+ * fan-out, where no call ends on the next reply) yields its CPU once. The
+ * units and ZeroMQ's I/O thread, if they are waiting for a CPU, run first,
+ * and the driver then finds many replies at one wake-up instead of waking
+ * for every few: on a busy machine a wake-up costs more than the replies
+ * it reads (docs/PERFORMANCE.md). It is one system call, not a spin: with
+ * nothing else to run it returns at once and the driver sleeps. A call
+ * near its end, or any single call, never waits behind a yield.
+ *
  * Delivery. Calls that end during a pass of the loop are collected and
  * delivered after it, never in the middle of handling the epoll events (a
  * callback may start calls, release handles, or cancel other calls).
@@ -59,6 +69,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +94,10 @@
  * idle monitors read, idle sockets closed). */
 #define UPKEEP_MS 250
 #define EVENTS_PER_WAIT 256
+/* A call in flight with fewer requests than this left is "near" its end:
+ * its next reply may end it, so the driver waits for it without yielding
+ * first ("Batching the wake-ups" above). */
+#define NEAR_LEFT 16
 
 /* Who drives the engine (runs its passes): nobody, its I/O thread, or a
  * thread waiting for a call. */
@@ -114,6 +129,7 @@ struct ctl_engine {
     size_t heap_len, heap_cap;
     ctl_call *live;            /* the calls in flight */
     size_t n_live;
+    size_t near;               /* those with under NEAR_LEFT requests left */
     ctl_call *ended;           /* ended in this pass, to deliver after it */
     int64_t next_check_ms;
     int64_t next_upkeep_ms;
@@ -216,6 +232,8 @@ static void live_add(ctl_engine *e, ctl_call *call)
         e->live->live_prev = call;
     e->live = call;
     e->n_live++;
+    if (call->left < NEAR_LEFT)
+        e->near++;
 }
 
 static void live_remove(ctl_engine *e, ctl_call *call)
@@ -230,6 +248,8 @@ static void live_remove(ctl_engine *e, ctl_call *call)
         call->live_next->live_prev = call->live_prev;
     call->live_prev = call->live_next = NULL;
     e->n_live--;
+    if (call->left < NEAR_LEFT)
+        e->near--;
 }
 
 /* ---- calls ------------------------------------------------------------ */
@@ -719,6 +739,8 @@ static void end_call(ctl_engine *e, ctl_call *call)
 /* One request of `call` is done, for good. */
 static void rq_done(ctl_engine *e, ctl_call *call)
 {
+    if (call->left == NEAR_LEFT && (call->live_prev || e->live == call))
+        e->near++;
     if (--call->left == 0)
         end_call(e, call);
 }
@@ -1054,6 +1076,8 @@ static int pass(ctl_engine *e, int cap_ms)
     int ms = e->resubmitted ? 0 : wait_ms(e, now);
     if (cap_ms >= 0 && cap_ms < ms)
         ms = cap_ms;
+    if (ms > 0 && e->live && !e->near)
+        sched_yield(); /* nothing ends on the next reply: let it gather more */
     int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT, ms);
     for (int i = 0; i < n; i++) {
         ctl_conn *conn = evs[i].data.ptr;
