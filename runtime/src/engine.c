@@ -736,10 +736,10 @@ static void end_call(ctl_engine *e, ctl_call *call)
     e->ended = call;
 }
 
-/* One request of `call` is done, for good. */
+/* One request of `call` (a call in flight) is done, for good. */
 static void rq_done(ctl_engine *e, ctl_call *call)
 {
-    if (call->left == NEAR_LEFT && (call->live_prev || e->live == call))
+    if (call->left == NEAR_LEFT)
         e->near++;
     if (--call->left == 0)
         end_call(e, call);
@@ -1076,7 +1076,7 @@ static int pass(ctl_engine *e, int cap_ms)
     int ms = e->resubmitted ? 0 : wait_ms(e, now);
     if (cap_ms >= 0 && cap_ms < ms)
         ms = cap_ms;
-    if (ms > 0 && e->live && !e->near)
+    if (ms > 0 && !e->near)
         sched_yield(); /* nothing ends on the next reply: let it gather more */
     int n = epoll_wait(e->epfd, evs, EVENTS_PER_WAIT, ms);
     for (int i = 0; i < n; i++) {
