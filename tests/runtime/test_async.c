@@ -1492,6 +1492,90 @@ static void test_destroy_while_waiting(void **state)
     }
 }
 
+/* What a fan-out of 16 sleeps saw: how many slept, and how many ended
+ * otherwise (and how). */
+typedef struct sleeps_seen {
+    atomic_int completions;
+    int ok, failed, cause;
+} sleeps_seen;
+
+static void on_sleeps(void *user, ctl_outcome *outcomes, size_t count)
+{
+    sleeps_seen *m = user;
+    for (size_t i = 0; i < count; i++) {
+        if (outcomes[i].error.kind == CTL_OK &&
+            ctl_reply_result(outcomes[i].reply)->via.i64 == 2) {
+            m->ok++;
+        } else {
+            m->failed++;
+            m->cause = outcomes[i].error.cause;
+        }
+    }
+    atomic_fetch_add(&m->completions, 1);
+}
+
+/* A large asynchronous fan-out on warm sockets, waited for: the waiter
+ * drives the engine when it finds nobody driving, or waits while the I/O
+ * thread (woken by the start) drives; with one waiter or two, with a wait
+ * that runs out first, or with the client destroyed meanwhile, the call
+ * completes once with every outcome in place. */
+static void test_large_fanout_waited_for(void **state)
+{
+    enum { N = 16, ROUNDS = 24 };
+    fx *f = *state;
+    ctl_target t[N];
+    tu_buf args;
+    tu_buf_init(&args);
+    tu_buf_reset(&args);
+    msgpack_pack_map(&args.pk, 1);
+    tu_pk_str(&args.pk, "ms");
+    msgpack_pack_int64(&args.pk, 2);
+    for (int i = 0; i < N; i++)
+        t[i] = (ctl_target){f->unit.endpoint, args.sb.data, args.sb.size};
+    for (int round = 0; round < ROUNDS; round++) {
+        int destroy = round % 4 == 3;
+        ctl_client *c = destroy ? new_client(0, 0) : f->client;
+        assert_non_null(c);
+        /* Warm: an idle socket for each request, so that a waiter may drive. */
+        ctl_outcome out[N];
+        assert_int_equal(ctl_client_call_many(c, "sleep", t, N, CALL_MS, out), 0);
+        ctl_outcomes_fini(out, N);
+        sleeps_seen m = {0};
+        ctl_call *call = NULL;
+        assert_int_equal(ctl_client_call_many_start(c, "sleep", t, N, CALL_MS, on_sleeps, &m,
+                                                    &call, &f->err),
+                         0);
+        atomic_int returned = 0;
+        waiter w = {.call = call, .returned = &returned, .rc = -1};
+        if (round % 4 == 1) /* a wait that runs out, then one that does not */
+            ctl_call_wait(call, 1);
+        if (round % 4 >= 2)
+            assert_int_equal(pthread_create(&w.thread, NULL, wait_thread, &w), 0);
+        if (destroy) {
+            ctl_client_destroy(&c);
+        } else {
+            assert_int_equal(ctl_call_wait(call, CALL_MS), 0);
+            assert_int_equal(process_until(c, &m.completions, 1, CALL_MS), 1);
+        }
+        if (round % 4 >= 2) {
+            assert_int_equal(tu_wait_atleast(&returned, 1, CALL_MS), 1);
+            pthread_join(w.thread, NULL);
+            assert_int_equal(w.rc, 0);
+        }
+        assert_int_equal(atomic_load(&m.completions), 1);
+        assert_int_equal(m.ok + m.failed, N);
+        if (destroy) {
+            /* Some may have been answered before the client went. */
+            if (m.failed)
+                assert_int_equal(m.cause, CTL_CAUSE_CANCELLED);
+        } else {
+            assert_int_equal(m.ok, N);
+        }
+        ctl_call_release(call);
+    }
+    tu_buf_fini(&args);
+}
+
 static void test_bad_start_arguments(void **state)
 {
     fx *f = *state;
@@ -1546,6 +1630,7 @@ int main(void)
         T(test_waiter_drives_other_calls),
         T(test_wait_runs_out_then_deadline),
         T(test_destroy_while_waiting),
+        T(test_large_fanout_waited_for),
         T(test_bad_start_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
