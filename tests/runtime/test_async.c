@@ -1576,6 +1576,85 @@ static void test_large_fanout_waited_for(void **state)
     tu_buf_fini(&args);
 }
 
+/* What an echo fan-out's completion saw: how many targets answered with
+ * their own value (the echo of target i is i), and the first failure. */
+typedef struct echoes_seen {
+    atomic_int completions;
+    size_t count, right;
+    char first_failure[256];
+} echoes_seen;
+
+static void on_echoes(void *user, ctl_outcome *outcomes, size_t count)
+{
+    echoes_seen *m = user;
+    m->count = count;
+    m->right = 0;
+    m->first_failure[0] = '\0';
+    for (size_t i = 0; i < count; i++) {
+        const msgpack_object *o =
+            outcomes[i].reply ? ctl_reply_result(outcomes[i].reply) : NULL;
+        if (o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 == i)
+            m->right++;
+        else if (!m->first_failure[0])
+            snprintf(m->first_failure, sizeof m->first_failure, "target %zu: %s", i,
+                     outcomes[i].error.msg ? outcomes[i].error.msg : "a wrong value");
+    }
+    atomic_fetch_add(&m->completions, 1);
+}
+
+/* An asynchronous fan-out on warm sockets is sent on the caller's thread
+ * and adopted by the I/O thread after. Here the I/O thread is in its
+ * epoll_wait for another call all along, so replies that come before the
+ * adoption signal sockets it has no request on yet, and it sets those
+ * signals aside: adopting a request must read its socket, or the reply
+ * would wait there for the deadline. Round after round, every target
+ * answers with its own value. */
+static void test_replies_before_adoption(void **state)
+{
+    enum { N = 32, ROUNDS = 40, FAN_MS = 3000 };
+    fx *f = *state;
+    tu_buf b[N];
+    ctl_target t[N];
+    for (int i = 0; i < N; i++) {
+        tu_buf_init(&b[i]);
+        pack_echo(&b[i], i);
+        t[i] = (ctl_target){f->unit.endpoint, b[i].sb.data, b[i].sb.size};
+    }
+    /* N idle sockets to the unit. */
+    ctl_outcome out[N];
+    assert_int_equal(ctl_client_call_many(f->client, "echo", t, N, CALL_MS, out), 0);
+    ctl_outcomes_fini(out, N);
+    /* A call that keeps the I/O thread driving through every round. */
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    seen held = {0};
+    ctl_call *hold = NULL;
+    assert_int_equal(ctl_client_call_start(f->client, tu_fake_endpoint(f->fake), "echo", NULL,
+                                           0, 60000, on_done, &held, &hold, &f->err),
+                     0);
+    int64_t until = tu_now_ms() + CALL_MS;
+    while (tu_fake_seen(f->fake) < 1 && tu_now_ms() < until)
+        sched_yield();
+    assert_int_equal(tu_fake_seen(f->fake), 1);
+    for (int round = 0; round < ROUNDS; round++) {
+        echoes_seen m = {0};
+        ctl_call *call = NULL;
+        assert_int_equal(ctl_client_call_many_start(f->client, "echo", t, N, FAN_MS, on_echoes,
+                                                    &m, &call, &f->err),
+                         0);
+        assert_int_equal(process_until(f->client, &m.completions, 1, CALL_MS), 1);
+        if (m.right != N)
+            fail_msg("round %d: %zu of %d answered; %s", round, m.right, N, m.first_failure);
+        ctl_call_release(call);
+    }
+    assert_int_equal(atomic_load(&held.completions), 0);
+    ctl_call_cancel(hold);
+    assert_int_equal(process_until(f->client, &held.completions, 1, CALL_MS), 1);
+    assert_int_equal(held.cause, CTL_CAUSE_CANCELLED);
+    ctl_call_release(hold);
+    for (int i = 0; i < N; i++)
+        tu_buf_fini(&b[i]);
+}
+
 static void test_bad_start_arguments(void **state)
 {
     fx *f = *state;
@@ -1631,6 +1710,7 @@ int main(void)
         T(test_wait_runs_out_then_deadline),
         T(test_destroy_while_waiting),
         T(test_large_fanout_waited_for),
+        T(test_replies_before_adoption),
         T(test_bad_start_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
