@@ -678,6 +678,12 @@ int ctl_client_call_many_start_ex(ctl_client *client, const char *op,
         ctl_frame_begin(&c->reqs[i], ctl_str_c(op), CTL_ID_LEN);
         if (c->addresses[i])
             ctl_frame_args(&c->reqs[i], targets[i].args, targets[i].args_len);
+        else if (targets[i].address)
+            /* NULL args with a length: the target fails as the blocking
+             * fan-out's does (the engine keeps an error set here). */
+            ctl_error_set(&c->outcomes[i].error, CTL_INVALID,
+                          "call_many %s: target #%zu has NULL args but a length",
+                          op, i);
     }
     c->done_many = done;
     c->user = user;

@@ -141,6 +141,12 @@ struct ctl_engine {
  * looks at its submissions again before it sleeps. */
 static _Thread_local ctl_engine *io_engine;
 
+/* The call whose callback runs on this thread now (the innermost): its
+ * outcomes are its callback's to read, in either delivery, even while its
+ * state still says started (on the I/O thread the state moves after the
+ * callback, so that a waiter wakes to a callback that has run). */
+static _Thread_local const ctl_call *delivering;
+
 /* ---- the timer heap (I/O thread only) --------------------------------- */
 
 /* One heap holds every call's deadline and every backoff of a request
@@ -375,12 +381,14 @@ static void rqs_setup(ctl_call *call)
     }
 }
 
-/* Request i of `call` has no address: it fails as CTL_INVALID, unsent. */
+/* Request i of `call` has no address (or no usable one: its starter set
+ * the error then): it fails as CTL_INVALID, unsent. */
 static void rq_no_address(ctl_call *call, size_t i)
 {
     ctl_rq *rq = &call->rqs[i];
-    ctl_error_set(rq->err, CTL_INVALID, "%s_many: target #%zu has no address",
-                  call->op, i);
+    if (rq->err->kind == CTL_OK)
+        ctl_error_set(rq->err, CTL_INVALID, "%s_many: target #%zu has no address",
+                      call->op, i);
     ctl_frame_fini(rq->req);
     rq->done = 1;
 }
@@ -608,7 +616,8 @@ const ctl_outcome *ctl_call_outcomes(const ctl_call *call, size_t *count)
     /* A typed call's outcomes belong to its typed delivery, which moves or
      * frees them on whichever thread delivers it: none are lent here. */
     if (!call || call->ext.deliver ||
-        atomic_load_explicit(&call->state, memory_order_acquire) == CTL_CALL_STARTED)
+        (atomic_load_explicit(&call->state, memory_order_acquire) == CTL_CALL_STARTED &&
+         call != delivering))
         return NULL;
     if (count)
         *count = call->count;
@@ -618,6 +627,8 @@ const ctl_outcome *ctl_call_outcomes(const ctl_call *call, size_t *count)
 /* Run the call's callback (on whichever thread delivers it). */
 static void run_callback(ctl_call *call)
 {
+    const ctl_call *outer = delivering;
+    delivering = call;
     if (call->ext.deliver)
         call->ext.deliver(call);
     else if (call->many && call->done_many)
@@ -625,6 +636,7 @@ static void run_callback(ctl_call *call)
     else if (!call->many && call->done_one)
         call->done_one(call->user, &call->outcomes[0].error,
                        call->outcomes[0].reply);
+    delivering = outer;
 }
 
 static int has_callback(const ctl_call *call)
@@ -667,40 +679,36 @@ static void deliver_ended(ctl_engine *e)
 
 int ctl_engine_process(ctl_engine *e, int max)
 {
+    /* Take what is queued now (up to `max`) in one hold of the mutex, then
+     * run it without. What ends meanwhile, the calls these callbacks start
+     * included, waits for the next call: a loop that calls this when the
+     * event descriptor is readable gets its turn back after a bounded
+     * batch, however long a chain of callbacks goes on. */
     int n = 0;
-    while (max <= 0 || n < max) {
-        /* Take what is queued (up to what `max` leaves) in one hold of
-         * the mutex, then run it without. */
-        pthread_mutex_lock(&e->mu);
-        ctl_call *batch = e->done_head, *last = NULL;
-        int k = 0;
-        for (ctl_call *c = batch; c && (max <= 0 || n + k < max); c = c->next) {
-            last = c;
-            k++;
+    pthread_mutex_lock(&e->mu);
+    ctl_call *batch = e->done_head, *last = NULL;
+    for (ctl_call *c = batch; c && (max <= 0 || n < max); c = c->next) {
+        last = c;
+        n++;
+    }
+    if (last) {
+        e->done_head = last->next;
+        last->next = NULL;
+        if (!e->done_head) {
+            e->done_tail = NULL;
+            uint64_t v;
+            ssize_t r = read(e->ready_fd, &v, sizeof v);
+            (void)r;
         }
-        if (last) {
-            e->done_head = last->next;
-            last->next = NULL;
-            if (!e->done_head) {
-                e->done_tail = NULL;
-                uint64_t v;
-                ssize_t r = read(e->ready_fd, &v, sizeof v);
-                (void)r;
-            }
-        }
-        pthread_mutex_unlock(&e->mu);
-        if (!last)
-            break;
-        while (batch) {
-            ctl_call *call = batch;
-            batch = call->next;
-            call->next = NULL;
-            run_callback(call);
-            atomic_store_explicit(&call->state, CTL_CALL_DELIVERED,
-                                  memory_order_release);
-            call_unref(call);
-            n++;
-        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    while (batch) {
+        ctl_call *call = batch;
+        batch = call->next;
+        call->next = NULL;
+        run_callback(call);
+        atomic_store_explicit(&call->state, CTL_CALL_DELIVERED, memory_order_release);
+        call_unref(call);
     }
     return n;
 }
@@ -1212,8 +1220,10 @@ void ctl_engine_destroy(ctl_engine **engine)
     e->joined = 1;
     pthread_mutex_unlock(&e->mu);
     /* Calls submitted after the thread's last look (none can be: submit
-     * refuses once stopping is set) and completions still queued. */
-    ctl_engine_process(e, 0);
+     * refuses once stopping is set) and completions still queued, to the
+     * last: each call of ctl_engine_process runs only what it finds. */
+    while (ctl_engine_process(e, 0) > 0)
+        ;
     free(e->heap);
     /* The pooled sockets leave a set that is going (closing them later
      * takes nothing out of it). */

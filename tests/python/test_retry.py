@@ -709,6 +709,23 @@ class Aio(Case):
                 self.assertEqual(c.stats(dead)["notifies"], 0)
         run(go)
 
+    def test_close_drops_waiting_notifies_counted_and_logged(self):
+        """Notifies still waiting for a connection when the client closes are not sent: the
+        address's errors count them (cause "transport") and a warning says how many."""
+        async def go():
+            dead = support.dead_address()
+            c = ctlrpc.aio.Client(timeout=CALL_S)
+            for i in range(3):
+                c.notify(dead, "note", {"i": i})  # parked: nothing listens there
+            before = c.stats(dead)["errors"].get("transport", 0)
+            with self.assertLogs("ctlrpc", level="WARNING") as logs:
+                c.close()
+            self.assertEqual(c.stats(dead)["errors"].get("transport", 0), before + 1)
+            self.assertEqual(c.stats(dead)["notifies"], 0)
+            self.assertTrue(any("3 notify(s)" in m and "closed" in m for m in logs.output),
+                            logs.output)
+        run(go)
+
 
 class Policies(unittest.TestCase):
 

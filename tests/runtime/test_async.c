@@ -1089,6 +1089,7 @@ typedef struct many_seen {
     int kinds[8];
     int causes[8];
     int64_t values[8];
+    char msgs[8][160];
 } many_seen;
 
 static void on_many(void *user, ctl_outcome *outcomes, size_t count)
@@ -1098,6 +1099,8 @@ static void on_many(void *user, ctl_outcome *outcomes, size_t count)
     for (size_t i = 0; i < count && i < 8; i++) {
         m->kinds[i] = outcomes[i].error.kind;
         m->causes[i] = outcomes[i].error.cause;
+        snprintf(m->msgs[i], sizeof m->msgs[i], "%s",
+                 outcomes[i].error.msg ? outcomes[i].error.msg : "");
         m->values[i] = outcomes[i].reply
                            ? (int64_t)ctl_reply_result(outcomes[i].reply)->via.u64
                            : -1;
@@ -1655,6 +1658,144 @@ static void test_replies_before_adoption(void **state)
         tu_buf_fini(&b[i]);
 }
 
+/* A chain of callbacks, each starting the next call (a timeout of 0: it
+ * ends at once) and waiting, in the callback, until that call's completion
+ * is queued. ctl_client_process runs what was queued when it was called:
+ * one callback a call, the next left queued with the descriptor readable,
+ * so that a loop gets its turn back however long the chain goes on. */
+typedef struct relay {
+    ctl_client *client;
+    const char *address;
+    atomic_int ran;
+    int queued_in_callback; /* every next completion was seen queued */
+} relay;
+
+enum { RELAY_LEN = 6 };
+
+static void on_relay(void *user, const ctl_error *err, ctl_reply *reply)
+{
+    (void)err;
+    (void)reply;
+    relay *ch = user;
+    if (atomic_fetch_add(&ch->ran, 1) + 1 >= RELAY_LEN)
+        return;
+    ctl_error e;
+    ctl_error_init(&e);
+    if (ctl_client_call_start(ch->client, ch->address, "echo", NULL, 0, 0, on_relay, ch, NULL,
+                              &e) != 0) {
+        ch->queued_in_callback = 0;
+        ctl_error_fini(&e);
+        return;
+    }
+    ctl_error_fini(&e);
+    struct pollfd p = {ctl_client_event_fd(ch->client), POLLIN, 0};
+    if (poll(&p, 1, CALL_MS) != 1)
+        ch->queued_in_callback = 0;
+}
+
+static void test_process_runs_what_was_queued(void **state)
+{
+    fx *f = *state;
+    relay ch = {.client = f->client, .address = f->unit.endpoint, .queued_in_callback = 1};
+    atomic_init(&ch.ran, 0);
+    assert_int_equal(ctl_client_call_start(f->client, f->unit.endpoint, "echo", NULL, 0, 0,
+                                           on_relay, &ch, NULL, &f->err),
+                     0);
+    for (int i = 1; i <= RELAY_LEN; i++) {
+        struct pollfd p = {ctl_client_event_fd(f->client), POLLIN, 0};
+        assert_int_equal(poll(&p, 1, CALL_MS), 1);
+        assert_int_equal(ctl_client_process(f->client, 0), 1);
+        assert_int_equal(atomic_load(&ch.ran), i);
+        /* The next one is queued, and waits for the next call. */
+        assert_int_equal(readable(ctl_client_event_fd(f->client)), i < RELAY_LEN);
+    }
+    assert_int_equal(ch.queued_in_callback, 1);
+    assert_int_equal(ctl_client_process(f->client, 0), 0);
+}
+
+/* A callback reads its own call's outcomes through its handle, in either
+ * delivery: on the I/O thread too, where the call's state moves only
+ * after the callback has run. */
+typedef struct own {
+    _Atomic(ctl_call *) handle;
+    atomic_int completions;
+    const ctl_outcome *outcomes;
+    size_t count;
+    int kind;
+} own;
+
+static void on_own(void *user, const ctl_error *err, ctl_reply *reply)
+{
+    (void)reply;
+    own *o = user;
+    int64_t until = tu_now_ms() + CALL_MS;
+    ctl_call *h;
+    while (!(h = atomic_load(&o->handle)) && tu_now_ms() < until)
+        sched_yield(); /* the start may not have returned yet */
+    o->outcomes = ctl_call_outcomes(h, &o->count);
+    o->kind = o->outcomes ? o->outcomes[0].error.kind : -1;
+    assert_int_equal(err->kind, CTL_OK);
+    atomic_fetch_add(&o->completions, 1);
+}
+
+static void test_outcomes_from_own_callback(void **state)
+{
+    fx *f = *state;
+    for (int io = 0; io < 2; io++) {
+        ctl_client *c = new_client(io, 0);
+        assert_non_null(c);
+        own o;
+        memset(&o, 0, sizeof o);
+        atomic_init(&o.handle, NULL);
+        atomic_init(&o.completions, 0);
+        ctl_call *call = NULL;
+        pack_echo(&f->args, 5);
+        assert_int_equal(ctl_client_call_start(c, f->unit.endpoint, "echo", f->args.sb.data,
+                                               f->args.sb.size, CALL_MS, on_own, &o, &call,
+                                               &f->err),
+                         0);
+        atomic_store(&o.handle, call);
+        if (io)
+            assert_int_equal(ctl_call_wait(call, CALL_MS), 0);
+        else
+            assert_int_equal(process_until(c, &o.completions, 1, CALL_MS), 1);
+        assert_int_equal(atomic_load(&o.completions), 1);
+        assert_non_null(o.outcomes);
+        assert_int_equal(o.count, 1);
+        assert_int_equal(o.kind, CTL_OK);
+        ctl_call_release(call);
+        ctl_client_destroy(&c);
+    }
+}
+
+/* A fan-out target with NULL args but a length fails on its own, saying
+ * so (not "no address"), as in the blocking fan-out; the others go. */
+static void test_many_start_null_args_target(void **state)
+{
+    fx *f = *state;
+    pack_echo(&f->args, 7);
+    ctl_target t[2] = {
+        {f->unit.endpoint, NULL, 5},
+        {f->unit.endpoint, f->args.sb.data, f->args.sb.size},
+    };
+    many_seen m = {0};
+    ctl_call *call = NULL;
+    assert_int_equal(ctl_client_call_many_start(f->client, "echo", t, 2, CALL_MS, on_many, &m,
+                                                &call, &f->err),
+                     0);
+    assert_int_equal(process_until(f->client, &m.completions, 1, CALL_MS), 1);
+    assert_int_equal(m.kinds[0], CTL_INVALID);
+    assert_non_null(strstr(m.msgs[0], "target #0 has NULL args but a length"));
+    assert_int_equal(m.kinds[1], CTL_OK);
+    assert_int_equal(m.values[1], 7);
+    ctl_call_release(call);
+    ctl_outcome out[2];
+    assert_int_equal(ctl_client_call_many(f->client, "echo", t, 2, CALL_MS, out), 1);
+    assert_int_equal(out[0].error.kind, CTL_INVALID);
+    assert_non_null(strstr(out[0].error.msg, "target #0 has NULL args but a length"));
+    ctl_outcomes_fini(out, 2);
+}
+
 static void test_bad_start_arguments(void **state)
 {
     fx *f = *state;
@@ -1711,6 +1852,9 @@ int main(void)
         T(test_destroy_while_waiting),
         T(test_large_fanout_waited_for),
         T(test_replies_before_adoption),
+        T(test_process_runs_what_was_queued),
+        T(test_outcomes_from_own_callback),
+        T(test_many_start_null_args_target),
         T(test_bad_start_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

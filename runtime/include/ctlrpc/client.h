@@ -506,7 +506,8 @@ CTL_API void ctl_call_cancel(ctl_call *call);
 CTL_API int ctl_call_wait(ctl_call *call, int timeout_ms);
 
 /* The outcomes of a completed call: `*count` of them (1 for a single call),
- * borrowed from the call. NULL (and *count 0) while it has not completed.
+ * borrowed from the call. NULL (and *count 0) while it has not completed;
+ * from its own callback they are there, whichever thread runs it.
  * For a call of a generated <op>_start or <op>_many_start the typed
  * callback owns the decoded results instead: NULL and *count 0 always. */
 CTL_API const ctl_outcome *ctl_call_outcomes(const ctl_call *call, size_t *count);
@@ -516,10 +517,13 @@ CTL_API const ctl_outcome *ctl_call_outcomes(const ctl_call *call, size_t *count
  * still runs, once. Accepts NULL. */
 CTL_API void ctl_call_release(ctl_call *call);
 
-/* Run up to `max` queued completions (all queued, when max <= 0) on the
- * calling thread; returns how many ran. Never blocks. Callbacks it runs
- * may start calls, which complete through later ctl_client_process calls.
- * With callbacks_on_io_thread nothing is ever queued. */
+/* Run the completions queued when it is called, up to `max` of them (all,
+ * when max <= 0), on the calling thread; returns how many ran. Never
+ * blocks. Completions that come while it runs wait for a later call (the
+ * event descriptor stays readable), those of the calls its callbacks
+ * start included: one call runs a bounded batch, however long a chain of
+ * callbacks starting calls goes on. With callbacks_on_io_thread nothing
+ * is ever queued. */
 CTL_API int ctl_client_process(ctl_client *client, int max);
 
 /* A descriptor that is readable while completions are queued, and only

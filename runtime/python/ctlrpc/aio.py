@@ -292,7 +292,8 @@ class Client(_Engine):
     def close(self) -> None:
         """Close every socket and the client's own context; calls still in flight end at once
         with Transfer (cause "transport"), and notifies still waiting for a connection are
-        dropped. Idempotent; call it from the loop's thread."""
+        dropped, counted in their address's errors (cause "transport") and logged, as those
+        that wait out the timeout are. Idempotent; call it from the loop's thread."""
         if self._closed:
             return
         for w in list(self._waiters):
@@ -301,6 +302,10 @@ class Client(_Engine):
             w.wake()
         for ob in list(self._outboxes.values()):
             ob.closed = True
+            if ob.queue:
+                self._pool.count_error(ob.address, "transport")
+                log.warning("ctlrpc client: %d notify(s) to %s not sent: the client was closed",
+                            len(ob.queue), ob.address)
             self._pool.retire(ob.address, ob.sock)
             if ob.task is not None:
                 ob.task.cancel()
