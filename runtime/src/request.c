@@ -420,13 +420,25 @@ int ctl_rq_retry(ctl_client *c, ctl_rq *p, int64_t now, int64_t *at_ms)
     return 1;
 }
 
-/* Replace the message of `e`, keeping everything else it holds. */
-static void note_attempts(ctl_error *e, unsigned n)
+/* Replace the message of `e`, keeping everything else it holds: the last
+ * attempt's, with how many there were. When that attempt was not sent
+ * but an earlier one was (`earlier_left`), the call as a whole may have
+ * run: its message must not say "nothing was sent" (API.md), so it says
+ * which attempt that was true of. */
+static void note_attempts(ctl_error *e, unsigned n, int earlier_left)
 {
+    static const char unsent[] = "nothing was sent";
     ctl_error old = *e;
+    const char *msg = old.msg ? old.msg : ctl_strerror(old.kind);
+    const char *at = earlier_left ? strstr(msg, unsent) : NULL;
     ctl_error_init(e);
-    ctl_error_set(e, old.kind, "%s (after %u attempts)",
-                  old.msg ? old.msg : ctl_strerror(old.kind), n);
+    if (at)
+        ctl_error_set(e, old.kind,
+                      "%.*sthe last attempt was not sent%s (after %u attempts; an "
+                      "earlier one was sent: the unit may have run it)",
+                      (int)(at - msg), msg, at + sizeof unsent - 1, n);
+    else
+        ctl_error_set(e, old.kind, "%s (after %u attempts)", msg, n);
     e->cause = old.cause;
     e->code = old.code;
     e->reason = old.reason;
@@ -449,7 +461,7 @@ void ctl_rq_end(ctl_client *c, ctl_rq *p)
     p->backoff = 0;
     int ok = p->reply && *p->reply;
     if (!ok && p->attempts > 1 && p->err && p->err->kind != CTL_OK)
-        note_attempts(p->err, p->attempts);
+        note_attempts(p->err, p->attempts, p->ever_left && !p->left);
     if (ok && p->addr && policy_on(c, p))
         ctl_pool_budget_success(p->addr,
                                 (int64_t)(c->opts.retry.budget_ratio * 1000 + 0.5));
@@ -607,13 +619,20 @@ void ctl_rq_check_conn(ctl_client *c, ctl_rq *p, int64_t now_ms)
 {
     int unsent = p->unsent;
     check_conn(c, p, now_ms);
-    if (p->done && unsent && p->err && p->err->msg) {
+    if (!p->done || !p->err || !p->err->msg || p->err->cause == CTL_CAUSE_TOO_LARGE)
+        return; /* (a reply dropped for its size: the request ran) */
+    char was[512];
+    snprintf(was, sizeof was, "%s", p->err->msg);
+    if (unsent)
         /* Sockets are ZMQ_IMMEDIATE: an unsent request was never queued on
          * any connection, so it can never reach a handler. Say so. */
-        char was[512];
-        snprintf(was, sizeof was, "%s", p->err->msg);
         ctl_error_transfer(p->err, p->err->cause, "%s; nothing was sent", was);
-    }
+    else
+        /* It left on a connection that was up, which is gone: what the
+         * reconnects meet is the cause, but the unit may have run it. */
+        ctl_error_transfer(p->err, p->err->cause,
+                           "%s; the request was sent before the connection "
+                           "was lost: it may have run", was);
 }
 
 static void check_conn(ctl_client *c, ctl_rq *p, int64_t now_ms)

@@ -42,6 +42,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import secrets
 import select
 import threading
@@ -628,7 +629,7 @@ class _Pending:
 
     __slots__ = ("address", "request", "idempotent", "sock", "pooled", "id", "data", "unsent",
                  "dirty", "done", "settled", "ok", "result", "error", "attempts", "tries",
-                 "retry_at", "attempt_end", "deadline_wall", "reg", "waiter")
+                 "retry_at", "attempt_end", "deadline_wall", "reg", "waiter", "ever_left")
 
     def __init__(self, address: str, request: Tuple[bytes, bytes],
                  idempotent: bool = False) -> None:
@@ -653,6 +654,7 @@ class _Pending:
         self.deadline_wall = 0.0  # the call's deadline in its ids (every attempt's the same)
         self.reg: Any = None  # the asyncio client: its socket's watch on the loop (ctlrpc.aio)
         self.waiter: Any = None  # and what its call waits on
+        self.ever_left = False  # some attempt was handed to a connection (it may have run)
 
     def again(self) -> None:
         """Ready for another attempt."""
@@ -817,7 +819,16 @@ class _Engine:
         except errors.Error as e:
             if p.attempts > 1:
                 e.attempts = p.attempts
-                e.msg = f"{e.msg} (after {p.attempts} attempts)"
+                if isinstance(e, errors.Transfer) and e.unsent and p.ever_left:
+                    # The last attempt was not sent, but an earlier one was: the call as a
+                    # whole may have run, so its message must not say it was not sent.
+                    e.unsent = False
+                    msg = re.sub(r"nothing was sent|not sent|not queued",
+                                 "the last attempt was not sent", e.msg, count=1)
+                    e.msg = (f"{msg} (after {p.attempts} attempts; an earlier one was sent: "
+                             "the unit may have run it)")
+                else:
+                    e.msg = f"{e.msg} (after {p.attempts} attempts)"
                 e.args = (e.msg,)
             if isinstance(e, errors.Transfer):
                 self._pool.count_error(p.address, e.cause)
@@ -990,7 +1001,7 @@ class _Engine:
                 p.error = failure
                 self._finish(p, False)
                 return True
-            p.unsent, p.data = False, None
+            p.unsent, p.data, p.ever_left = False, None, True
             self._pool.count(p.address, "calls")
         return True
 
