@@ -571,6 +571,11 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         ctl_error_fini(&err);
         return verdict(d);
     }
+    if (!op && rq.id.len == 0)
+        /* The empty id is a notify's (PROTOCOL.md): of an op newer than
+         * this unit. A notify gets nothing back, not even an error: its
+         * client reads no reply, and one would come to its next call. */
+        return dropped(d, "a notify of an op this unit does not know");
     if (!op)
         return refuse(d, rq.id, "unknown op '%s' (service %s)",
                       ctl_show(shown, sizeof shown, rq.op), d->service->name);

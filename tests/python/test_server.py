@@ -350,6 +350,19 @@ class TestMalformed(ServerCase):
         st = self.server.stats()
         self.assertEqual((st["dropped"], st["requests"]), (0, 14))
 
+    def test_unknown_notify_dropped(self):
+        """A notify of an op the unit does not know (a newer client's: notifies send the empty
+        id) gets nothing back, not even an error, and is counted in `dropped`; with any other
+        id the same op is refused."""
+        s = self.raw()
+        before = self.server.stats()["dropped"]
+        s.send(pack(["newer", "", {}]))
+        self.nothing(s)
+        support.wait_for(lambda: self.server.stats()["dropped"] == before + 1,
+                         "the notify to be counted as dropped")
+        self.protocol(s, pack(["newer", "id", {}]), "unknown op 'newer'")
+        self.assertEqual(self.server.stats()["dropped"], before + 1)
+
     def test_oversize(self):
         small = self.serve(max_msg_bytes=1000)
         try:

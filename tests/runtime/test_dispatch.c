@@ -560,6 +560,29 @@ static void test_unknown_op_named(void **state)
     assert_int_equal(f->st.calls, 0);
 }
 
+/* A notify of an op the unit does not know (a newer client's, to a unit of
+ * an earlier release: notifies send the empty id) gets nothing back, not
+ * even an error: it is dropped and counted. With any other id, the same op
+ * is refused. */
+static void test_unknown_notify_dropped(void **state)
+{
+    fx *f = *state;
+    tu_buf_reset(&f->args);
+    pack_req(f, "newer", LIT(""));
+    assert_int_equal(serve(f), CTL_DISPATCH_DROPPED);
+    assert_int_equal(f->d.out.size, 0);
+    assert_int_equal(counter(&f->d.counters.dropped), 1);
+    pack_req(f, "newer", LIT(ID));
+    assert_int_equal(serve(f), CTL_DISPATCH_REPLY);
+    want_error(f, LIT(ID), "Protocol", "unknown op 'newer' (service dt)", NULL, NULL, 0);
+    expect_out(f);
+    assert_int_equal(counter(&f->d.counters.dropped), 1);
+    /* A known op with the empty id is answered, the id echoed. */
+    pack_req(f, "whoami", LIT(""));
+    assert_int_equal(serve(f), CTL_DISPATCH_REPLY);
+    assert_int_equal(f->st.calls, 1);
+}
+
 static void test_bad_args_refused(void **state)
 {
     fx *f = *state;
@@ -780,12 +803,17 @@ static void test_ids_echoed(void **state)
         tu_pk_str(&f->want.pk, "whoami");
         tu_pk_strn(&f->want.pk, ids[i].ptr, ids[i].len);
         expect_out(f);
-        /* Refusals echo it too. */
+        /* Refusals echo it too (the empty id's is a notify's: nothing back,
+         * test_unknown_notify_dropped). */
         tu_buf_reset(&f->req);
         msgpack_pack_array(&f->req.pk, 3);
         tu_pk_str(&f->req.pk, "nope");
         tu_pk_strn(&f->req.pk, ids[i].ptr, ids[i].len);
         msgpack_pack_map(&f->req.pk, 0);
+        if (ids[i].len == 0) {
+            assert_int_equal(serve(f), CTL_DISPATCH_DROPPED);
+            continue;
+        }
         assert_int_equal(serve(f), CTL_DISPATCH_REPLY);
         want_error(f, ids[i], "Protocol", "unknown op 'nope' (service dt)", NULL, NULL, 0);
         expect_out(f);
@@ -1070,6 +1098,7 @@ int main(void)
         T(test_frames_router_and_req_style),
         T(test_frames_bad_dropped_and_counted),
         T(test_unusable_payload_dropped),
+        T(test_unknown_notify_dropped),
         T(test_unknown_op_named),
         T(test_bad_args_refused),
         T(test_limits_applied),

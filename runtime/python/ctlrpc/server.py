@@ -9,6 +9,7 @@ only reads frames and sends what it returns), in the order of the C runtime's di
     the handler raises an Error                         [id, false, {kind, msg, reason, blobs}]
     the handler raises anything else                    Protocol error naming op and exception
     unknown op                                          Protocol error naming the op
+    unknown op, empty id (a notify of a newer op)       dropped, counted in `dropped`
     usable op and id; args not a map of str keys,       Protocol error saying what is wrong
       truncated, too deep, trailing bytes                 (nothing for notify ops)
     not an array of 3 with str op and id; frames        dropped, counted in `dropped`
@@ -340,6 +341,11 @@ class Dispatch:
                 rq.id, "Busy", f"op '{rq.op}': {unread} bytes of replies to this connection are "
                 f"unread (max_queued_reply_bytes {self.max_queued_reply_bytes}): read them, "
                 "then retry", reason="replies_unread")]
+        if (handler is None or cur is None) and rq.id == "":
+            # The empty id is a notify's (docs/PROTOCOL.md): of an op newer than this unit. A
+            # notify gets nothing back, not even an error: its client reads no reply.
+            self.counters["dropped"] += 1
+            return None
         if handler is None or cur is None:
             service = f" (service {self.name})" if self.name else ""
             return head + [self._refuse(rq.id, f"unknown op '{_wire.show(rq.op)}'{service}")]
