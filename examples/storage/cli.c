@@ -104,7 +104,8 @@ static const char usage_text[] =
     "5 Missing, 6 Transfer (protocol, transport, bad reply, too large),\n"
     "7 timeout, 8 unreachable (connection refused, host does not resolve),\n"
     "9 authentication failed (CURVE keys or allowlist); with --etcd, 8 also\n"
-    "when etcd cannot be reached or the service has no serving unit\n";
+    "when etcd cannot be reached or the service has no serving unit, and 9\n"
+    "when etcd refuses the user, its password or its permissions\n";
 
 static void print_usage(FILE *f)
 {
@@ -1025,7 +1026,9 @@ int main(int argc, char **argv)
         ctl_directory *dir = NULL;
         if (ctl_directory_new(service, &dopts, &dir, &err) != 0) {
             fprintf(stderr, "ctl-storage: %s\n", err.msg);
-            int drc = err.kind == CTL_INVALID ? EXIT_USAGE : EXIT_UNREACHABLE;
+            int drc = err.kind == CTL_INVALID            ? EXIT_USAGE
+                      : err.cause == CTL_CAUSE_AUTH ? EXIT_AUTH
+                                                    : EXIT_UNREACHABLE;
             ctl_error_fini(&err);
             return drc;
         }

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -147,10 +148,10 @@ int ctl_etcd_new(const ctl_etcd_options *opts, const char *who, ctl_etcd **out,
         }
         while (len > 0 && url[len - 1] == '/')
             url[--len] = '\0';
-        const char *rest = strncmp(url, "http://", 7) == 0    ? url + 7
-                           : strncmp(url, "https://", 8) == 0 ? url + 8
-                                                              : NULL;
-        if (!rest || !*rest || strchr(rest, '/') || strpbrk(url, " \t\"")) {
+        const char *rest = strncasecmp(url, "http://", 7) == 0    ? url + 7
+                           : strncasecmp(url, "https://", 8) == 0 ? url + 8
+                                                                  : NULL;
+        if (!rest || !*rest || strpbrk(rest, "/@") || strpbrk(url, " \t\"")) {
             rc = ctl_error_set(err, CTL_INVALID,
                                "%s: etcd endpoint '%s' is not http://host:port or "
                                "https://host:port", who, url);
@@ -164,7 +165,7 @@ int ctl_etcd_new(const ctl_etcd_options *opts, const char *who, ctl_etcd **out,
             break;
         }
         e->endpoints[e->n_endpoints++] = url;
-        p = comma ? comma + 1 : p + len;
+        p = comma ? comma + 1 : p + strlen(p); /* (len lost what was trimmed) */
     }
     if (rc == 0 && e->n_endpoints == 0)
         rc = ctl_error_set(err, CTL_INVALID, "%s: no etcd endpoint in '%s'", who, eps);

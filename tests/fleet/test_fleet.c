@@ -735,6 +735,21 @@ static void test_never_reached(void **state)
     o.etcd.endpoints = "ftp://127.0.0.1:9";
     assert_int_equal(ctl_directory_new("storage", &o, &d, &err), CTL_INVALID);
     assert_non_null(strstr(err.msg, "ftp://127.0.0.1:9"));
+    o.etcd.endpoints = "http://user@127.0.0.1:9";
+    assert_int_equal(ctl_directory_new("storage", &o, &d, &err), CTL_INVALID);
+    assert_non_null(strstr(err.msg, "user@127.0.0.1:9"));
+    /* A trailing '/' or blank, on the last endpoint too, and the scheme in
+     * capitals are the same endpoint (as in Python): refused, not bad. */
+    static const char *const same[] = {"http://127.0.0.1:9/", "http://127.0.0.1:9 ",
+                                       "http://127.0.0.1:7/, http://127.0.0.1:9/",
+                                       "HTTP://127.0.0.1:9"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        o.etcd.endpoints = same[i];
+        if (ctl_directory_new("storage", &o, &d, &err) != CTL_TRANSFER)
+            fail_msg("'%s': %s", same[i], err.msg ? err.msg : "?");
+        assert_int_equal(err.cause, CTL_CAUSE_REFUSED);
+        assert_null(strstr(err.msg, "''"));
+    }
     o.etcd.endpoints = "http://127.0.0.1:9";
     assert_int_equal(ctl_directory_new("a/b", &o, &d, &err), CTL_INVALID);
     ctl_error_fini(&err);
@@ -995,6 +1010,15 @@ static void test_auth_user(void **state)
     assert_int_equal(ctl_directory_new("storage", &o, &d, &err), CTL_TRANSFER);
     assert_int_equal(err.cause, CTL_CAUSE_AUTH);
     assert_non_null(strstr(err.msg, "authentication failed"));
+    /* So does the command line: exit 9, as for a CURVE refusal; 0 with the
+     * right password. */
+    char out[4096];
+    const char *cli[] = {CLI_BIN, "--etcd", e->url, "--service", "storage", "--etcd-user",
+                         "fleet", "stats", NULL};
+    setenv("CTLRPC_ETCD_PASSWORD", "wrong", 1);
+    assert_int_equal(ep_run(out, sizeof out, 20000, cli), 9);
+    setenv("CTLRPC_ETCD_PASSWORD", "fleetpw", 1);
+    assert_int_equal(ep_run(out, sizeof out, 20000, cli), 0);
     /* No user at all: refused by etcd (auth is on). */
     o.etcd.user = NULL;
     o.etcd.password = NULL;
