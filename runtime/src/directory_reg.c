@@ -54,6 +54,11 @@ typedef struct reg {
     bool draining;    /* wanted state */
     bool put_wanted;  /* the value changed: put it again */
     uint64_t drain_seq, drain_done;
+    bool finished;    /* the thread has done its last call to etcd */
+    /* The end of the etcd work a stop may wait for: DRAIN_MARK_MS from the
+     * drain (or the close, without one). Past it, etcd's calls are cut. */
+    struct timespec bye_by;
+    bool bye_set;
     /* Figures, under mu. */
     int64_t lease;
     bool live, live_draining;
@@ -205,7 +210,8 @@ static void *reg_main(void *arg)
     ctl_error err;
     ctl_error_init(&err);
     int64_t lease = 0, last_ok = 0, next_ka = 0;
-    unsigned attempt = 0;
+    unsigned attempt = 0, put_attempt = 0;
+    bool put_again = false; /* a put failed: again after its backoff */
     bool reported = false; /* the unreachable etcd was logged */
     int period = r->ttl_s * 1000 / 3;
     pthread_mutex_lock(&r->mu);
@@ -213,7 +219,7 @@ static void *reg_main(void *arg)
         if (r->stop)
             break;
         bool draining = r->draining;
-        bool put_wanted = r->put_wanted;
+        bool put_wanted = r->put_wanted || put_again;
         uint64_t seq = r->drain_seq;
         r->put_wanted = false;
         pthread_mutex_unlock(&r->mu);
@@ -233,6 +239,7 @@ static void *reg_main(void *arg)
             pthread_mutex_lock(&r->mu);
             if (rc == 0) {
                 lease = id;
+                put_again = false; /* the value just put is the latest */
                 r->lease = id;
                 r->live = true;
                 r->live_draining = draining;
@@ -268,14 +275,18 @@ static void *reg_main(void *arg)
                     r->drain_done = seq;
                 pthread_cond_broadcast(&r->cv);
                 last_ok = ctl_now_ms();
+                put_again = false;
+                put_attempt = 0;
             } else {
                 r->failures++;
-                r->put_wanted = true; /* again, after a pause */
+                /* Again, after a pause (r->put_wanted is a new command's:
+                 * it would end the pause at once). */
+                put_again = true;
                 ctl_log(CTL_LOG_WARN, LOG_WHO, "%s: cannot update the key: %s", r->key,
                         err.msg);
             }
             pthread_mutex_unlock(&r->mu);
-            wait = rc == 0 ? 0 : ctl_backoff_ms(0);
+            wait = rc == 0 ? 0 : ctl_backoff_ms(put_attempt < 20 ? put_attempt++ : put_attempt);
         } else if (now >= next_ka) {
             int alive = keepalive(r, lease, &err);
             pthread_mutex_lock(&r->mu);
@@ -326,6 +337,10 @@ static void *reg_main(void *arg)
     if (had)
         lease_revoke(r, lease);
     ctl_error_fini(&err);
+    pthread_mutex_lock(&r->mu);
+    r->finished = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -340,14 +355,21 @@ static void on_drain(void *arg)
         pthread_cond_broadcast(&r->cv);
         /* Wait, bounded, until etcd has the mark: draining is visible
          * while the server drains. */
-        struct timespec ts;
-        deadline_in(&ts, DRAIN_MARK_MS);
+        deadline_in(&r->bye_by, DRAIN_MARK_MS);
+        r->bye_set = true;
         while (r->drain_done < seq && r->live)
-            if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT)
+            if (pthread_cond_timedwait(&r->cv, &r->mu, &r->bye_by) == ETIMEDOUT)
                 break;
-        if (r->drain_done < seq && r->live)
-            ctl_log(CTL_LOG_WARN, LOG_WHO, "%s: etcd did not take the draining mark in %d ms",
-                    r->key, DRAIN_MARK_MS);
+        if (r->drain_done < seq && r->live) {
+            pthread_mutex_unlock(&r->mu);
+            /* etcd does not answer in time: nothing more is waited for
+             * (the key goes when its lease expires). */
+            ctl_log(CTL_LOG_WARN, LOG_WHO, "%s: etcd did not take the draining mark in %d ms; "
+                    "its key goes when its lease expires, in %d s at most", r->key,
+                    DRAIN_MARK_MS, r->ttl_s);
+            ctl_etcd_abort(r->etcd);
+            return;
+        }
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -358,7 +380,19 @@ static void on_closed(void *arg)
     pthread_mutex_lock(&r->mu);
     r->stop = true;
     pthread_cond_broadcast(&r->cv);
+    if (!r->bye_set) {
+        deadline_in(&r->bye_by, DRAIN_MARK_MS);
+        r->bye_set = true;
+    }
+    /* The revoke (or a call in flight) gets what is left of the stop's
+     * time with etcd; then it is cut short, so that a hung etcd does not
+     * hold the unit's end. */
+    bool late = false;
+    while (r->thread_started && !r->finished && !late)
+        late = pthread_cond_timedwait(&r->cv, &r->mu, &r->bye_by) == ETIMEDOUT;
     pthread_mutex_unlock(&r->mu);
+    if (late)
+        ctl_etcd_abort(r->etcd);
     if (r->thread_started) {
         pthread_join(r->thread, NULL);
         r->thread_started = 0;

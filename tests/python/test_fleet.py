@@ -518,9 +518,9 @@ class Cross(Base):
             self.skipTest(why)
         super().setUp()
 
-    def c_unit(self, *extra):
+    def c_unit(self, *extra, etcd=None):
         u = support.Process([OPTS.cunit, "--bind", "tcp://127.0.0.1:0", "--etcd",
-                             self.etcd.url, *extra])
+                             etcd or self.etcd.url, *extra])
         self.units.append(u)
         return u
 
@@ -529,6 +529,33 @@ class Cross(Base):
                             "--timeout", "5000", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=30)
         return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+    def test_sigterm_with_etcd_frozen_is_bounded(self):
+        """etcd frozen (SIGSTOP), two endpoints given (the same etcd twice): a C and a Python
+        unit stopped with SIGTERM wait at most 2 s for etcd in all (the draining mark, then
+        the revoke), not a request's deadline for each call and each endpoint, and exit 0;
+        the key is left to its lease."""
+        twice = f"{self.etcd.url},{self.etcd.url}"
+        units = {"c": self.c_unit("--unit-id", "fc", "--lease-ttl", "30", "--drain-timeout",
+                                  "300", etcd=twice),
+                 "py": self.unit("--unit-id", "fp", "--lease-ttl", "30", "--drain-timeout",
+                                 "300", etcd=twice)}
+        d = self.directory()
+        self.assertTrue(d.wait(lambda us: ids(us) == ["fc", "fp"], 10), ids(d.units()))
+        self.etcd.pause()
+        try:
+            took = {}
+            for name, u in units.items():
+                t0 = time.monotonic()
+                u.proc.send_signal(signal.SIGTERM)
+                self.assertEqual(u.proc.wait(timeout=20), 0, name)
+                took[name] = time.monotonic() - t0
+        finally:
+            self.etcd.resume()
+        for name, t in took.items():
+            # 2 s for etcd, the 0.3 s drain, and room for a loaded machine (a request's
+            # deadline for each call to each endpoint was 6 to 8 s).
+            self.assertLess(t, 5.0, f"the {name} unit took {t:.1f} s")
 
     def test_c_units_seen_by_python(self):
         history = []

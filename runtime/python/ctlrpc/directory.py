@@ -598,6 +598,7 @@ class Registration:
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._backoff = _etcd.Backoff()
+        self._bye_by: Optional[float] = None  # when a stop's etcd work must end (monotonic)
         self._thread = _threads.start(self._run, f"ctlrpc-registration {self.key}")
 
     @property
@@ -620,6 +621,9 @@ class Registration:
             raise ValueError(f"registration: state '{state}' is not one of {', '.join(STATES)}")
         self._value["state"] = state
         self._dirty = True
+        if state == "draining" and self._bye_by is None:
+            # A stop's etcd work (this mark, then close's revoke) ends by then.
+            self._bye_by = time.monotonic() + DRAINING_WAIT
         if not self._lock.acquire(timeout=max(0.0, wait)):
             self._kick.set()
             return False
@@ -628,7 +632,10 @@ class Registration:
                 self._kick.set()
                 return False
             try:
-                self._put(min(wait, self.etcd.timeout) if wait > 0 else self.etcd.timeout)
+                # Each endpoint tried gets its share of the wait.
+                each = (min(wait, self.etcd.timeout) if wait > 0 else self.etcd.timeout) \
+                    / max(1, len(self.etcd.endpoints))
+                self._put(each)
                 return True
             except (EtcdError, OSError):
                 self._kick.set()
@@ -638,17 +645,34 @@ class Registration:
 
     def close(self, revoke: bool = True) -> None:
         """Stop keeping the key alive and (by default) revoke the lease: the key is gone at
-        once. Waits at most about a request's deadline. Idempotent."""
+        once. Waits at most 2 s (DRAINING_WAIT) from the drain's draining mark, or from this
+        call without one, for etcd: past that, etcd is not waited for, and the key goes when
+        its lease expires. Idempotent."""
         if self._stop.is_set():
             return
+        by = self._bye_by if self._bye_by is not None else time.monotonic() + DRAINING_WAIT
         self._stop.set()
         self._kick.set()
-        self._thread.join(self.etcd.timeout + 1.0)
-        with self._lock:
+        self._thread.join(max(0.0, by - time.monotonic()))
+        if not self._lock.acquire(timeout=max(0.0, by - time.monotonic())):
+            log.warning("registration %s: etcd did not answer within %g s of the stop; the "
+                        "key goes when its lease expires, within %d s", self.key,
+                        DRAINING_WAIT, self.lease_ttl)
+            return
+        try:
             lease, self._lease = self._lease, None
+        finally:
+            self._lock.release()
+        left = by - time.monotonic()
         if revoke and lease is not None:
+            if left <= 0:
+                log.warning("registration %s: no time left to revoke its lease (etcd did not "
+                            "answer within %g s of the stop); the key goes when the lease "
+                            "expires, within %d s", self.key, DRAINING_WAIT, self.lease_ttl)
+                return
             try:
-                self.etcd.request("lease/revoke", {"ID": lease})
+                self.etcd.request("lease/revoke", {"ID": lease},
+                                  timeout=left / max(1, len(self.etcd.endpoints)))
             except (EtcdError, OSError) as e:
                 log.warning("registration %s: cannot revoke its lease: %s (the key goes when "
                             "the lease expires, within %d s)", self.key, e, self.lease_ttl)
