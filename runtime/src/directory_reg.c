@@ -140,6 +140,22 @@ static int put(reg *r, int64_t lease, bool draining, ctl_error *err)
     return rc;
 }
 
+/* 1: the key is in etcd, 0: it is not, -1: the call failed. */
+static int key_present(reg *r, ctl_error *err)
+{
+    char *k = ctl_b64_encode(r->key, strlen(r->key));
+    json_t *body = k ? json_pack("{s:s, s:b}", "key", k, "count_only", 1) : NULL, *resp = NULL;
+    free(k);
+    int rc = body ? ctl_etcd_call(r->etcd, "/v3/kv/range", body, &resp, NULL, err)
+                  : ctl_error_transfer(err, CTL_CAUSE_NOMEM, "out of memory");
+    json_decref(body);
+    if (rc)
+        return -1;
+    int64_t count = ctl_json_int64(resp, "count", 0);
+    json_decref(resp);
+    return count > 0;
+}
+
 /* 1: alive, 0: etcd no longer knows the lease, -1: the call failed. */
 static int keepalive(reg *r, int64_t lease, ctl_error *err)
 {
@@ -289,7 +305,18 @@ static void *reg_main(void *arg)
             wait = rc == 0 ? 0 : ctl_backoff_ms(put_attempt < 20 ? put_attempt++ : put_attempt);
         } else if (now >= next_ka) {
             int alive = keepalive(r, lease, &err);
+            /* A key deleted while its lease lives (an operator's `etcdctl
+             * del`, say) goes back: the unit still serves. */
+            bool gone = alive == 1 && !put_again && key_present(r, &err) == 0;
+            if (gone)
+                ctl_log(CTL_LOG_WARN, LOG_WHO,
+                        "%s: the key was deleted while its lease lives; putting it again",
+                        r->key);
             pthread_mutex_lock(&r->mu);
+            if (gone) {
+                put_again = true;
+                wait = -1; /* at once (below) */
+            }
             if (alive == 1) {
                 r->keepalives++;
                 last_ok = ctl_now_ms();
@@ -328,6 +355,8 @@ static void *reg_main(void *arg)
             int64_t left = next_ka - ctl_now_ms();
             wait = left > 0 ? left : 0;
         }
+        if (wait < 0)
+            wait = 0;
         wait_ms(r, wait);
     }
     bool had = lease != 0;

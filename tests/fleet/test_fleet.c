@@ -412,6 +412,31 @@ static void test_sigterm_draining(void **state)
     assert_true(wait_log(&f->seen, "t=draining;", "t=gone;", 2000));
 }
 
+/* A key deleted while its lease lives (an operator's `etcdctl del`) comes
+ * back at the unit's next keepalive, a third of the TTL later. */
+static bool key_listed(ep_etcd *e, const char *key)
+{
+    char got[4096] = "";
+    ep_etcdctl(e, got, sizeof got, "get", "--keys-only", key, NULL);
+    return strstr(got, key) != NULL;
+}
+
+static void test_key_deleted_put_back(void **state)
+{
+    fx *f = *state;
+    const char *key = "/ctlrpc/v1/default/storage/del";
+    assert_int_equal(start_unit(&f->units[0], f->etcd.url, "del", NULL), 0);
+    long long until = ep_now_ms() + 5000;
+    while (!key_listed(&f->etcd, key) && ep_now_ms() < until)
+        ep_sleep_ms(50);
+    assert_true(key_listed(&f->etcd, key));
+    assert_int_equal(ep_etcdctl(&f->etcd, NULL, 0, "del", key, NULL), 0);
+    until = ep_now_ms() + TTL_S * 1000 + 5000;
+    while (!key_listed(&f->etcd, key) && ep_now_ms() < until)
+        ep_sleep_ms(50);
+    assert_true(key_listed(&f->etcd, key));
+}
+
 /* SIGKILL: gone when the lease expires, within TTL + 1 s. */
 static void test_sigkill_expires(void **state)
 {
@@ -1035,6 +1060,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_register_list_watch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_draining, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigkill_expires, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_deleted_put_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_frozen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_restart_same, setup, teardown),
         cmocka_unit_test_setup_teardown(test_etcd_restart_empty, setup, teardown),

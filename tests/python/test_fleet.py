@@ -254,6 +254,16 @@ class Faults(Base):
         self.assertTrue(d.wait(lambda us: us == [], 2 + 1.0), "still listed after TTL + 1 s")
         self.assertLess(time.monotonic() - t0, 3.0)
 
+    def test_key_deleted_put_back(self):
+        """A key deleted while its lease lives (an operator's `etcdctl del`) comes back at the
+        unit's next keepalive, a third of the TTL later."""
+        self.unit("--unit-id", "del", "--lease-ttl", "3")
+        d = self.directory()
+        self.assertTrue(d.wait(lambda us: ids(us) == ["del"], 10))
+        self.etcd.ctl("del", PREFIX + "del")
+        self.assertTrue(d.wait(lambda us: ids(us) == [], 5))
+        self.assertTrue(d.wait(lambda us: ids(us) == ["del"], 3 + 5), "not put back")
+
     def test_sigterm_draining_then_gone(self):
         history = []
         lock = threading.Lock()

@@ -736,8 +736,19 @@ class Registration:
             self._lease = None
             return
         self._expires = time.monotonic() + ttl
+        if not self._dirty and not self._key_present(min(self.etcd.timeout, period * 0.9)):
+            # Deleted while its lease lives (an operator's `etcdctl del`, say): the unit still
+            # serves, so its key goes back.
+            log.warning("registration %s: the key was deleted while its lease lives; putting "
+                        "it again", self.key)
+            self._dirty = True
         if self._dirty:
             self._put(self.etcd.timeout)
+
+    def _key_present(self, timeout: float) -> bool:
+        got = self.etcd.request("kv/range", {"key": _etcd.b64(self.key), "count_only": True},
+                                timeout)
+        return _etcd.num(got.get("count")) > 0
 
     def _run(self) -> None:
         wait = 0.0
