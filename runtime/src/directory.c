@@ -180,7 +180,8 @@ static urec *urec_parse(const ctl_directory *d, const char *unit_id, const char 
     const json_t *service = json_object_get(v, "service");
     if (!address) {
         *why = "value has no address";
-    } else if (strncmp(address, "tcp://", 6) != 0 || strlen(address) >= CTL_ENDPOINT_MAX) {
+    } else if (strncmp(address, "tcp://", 6) != 0 || !address[6] ||
+               strlen(address) >= CTL_ENDPOINT_MAX) {
         *why = "address is not tcp://host:port";
     } else if (!json_is_string(state)) {
         *why = "value has no state";

@@ -698,6 +698,13 @@ static void test_hostile_values(void **state)
                      "\"service\":\"other\"}"},
         {"deep/er", good_value},
         {"huge", huge},
+        /* The same as the Python reader skips (tests/python/test_fleet.py). */
+        {"tcponly", "{\"address\":\"tcp://\",\"state\":\"serving\"}"},
+        {"nul", "{\"address\":\"tcp://127.0.0.1:1\\u0000\",\"state\":\"serving\"}"},
+        {"twice", "{\"address\":\"tcp://127.0.0.1:1\",\"state\":\"serving\","
+                  "\"state\":\"draining\"}"},
+        {"bigpid", "{\"address\":\"tcp://127.0.0.1:1\",\"state\":\"serving\","
+                   "\"pid\":100000000000000000000000}"},
     };
     size_t nbad = sizeof bad / sizeof bad[0];
     for (size_t i = 0; i < nbad; i++) {
@@ -709,14 +716,21 @@ static void test_hostile_values(void **state)
     /* A state a later release might add: listed, not serving. */
     snprintf(key, sizeof key, "%sfuture", pre);
     put_raw(&f->etcd, key, "{\"address\":\"tcp://127.0.0.1:3\",\"state\":\"warming\"}");
+    /* An empty state is a string too: listed, not serving. */
+    snprintf(key, sizeof key, "%sblank", pre);
+    put_raw(&f->etcd, key, "{\"address\":\"tcp://127.0.0.1:4\",\"state\":\"\"}");
     /* Another service's key beside ours. */
     put_raw(&f->etcd, "/ctlrpc/v1/default/storage2/z", good_value);
 
     f->dir = open_dir(f->etcd.url, NULL, &f->seen, &f->err);
     assert_non_null(f->dir);
     ctl_membership *m = ctl_directory_snapshot(f->dir);
-    assert_int_equal(m->count, 2);
+    assert_int_equal(m->count, 3);
     assert_non_null(find_unit(m, "good"));
+    const ctl_unit *blank = find_unit(m, "blank");
+    assert_non_null(blank);
+    assert_false(blank->serving);
+    assert_string_equal(blank->state, "");
     const ctl_unit *fut = find_unit(m, "future");
     assert_non_null(fut);
     assert_false(fut->serving);

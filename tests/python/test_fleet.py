@@ -429,10 +429,19 @@ class Hostile(Base):
             "binary": b"\xff\xfe\x00\x01garbage",
             "a/b": good,  # a key with more parts
             ".dot": good,  # a unit id that breaks the name rule
+            # The same as the C reader skips (tests/fleet/test_fleet.c).
+            "tcponly": json.dumps({"address": "tcp://", "state": "serving"}),
+            "nul": json.dumps({"address": "tcp://127.0.0.1:5\u0000", "state": "serving"}),
+            "twice": '{"address": "tcp://127.0.0.1:5", "state": "serving", "state": "x"}',
+            "bigpid": json.dumps({"address": "tcp://127.0.0.1:5", "state": "serving",
+                                  "pid": 10 ** 23}),
         }
         for k, v in bad.items():
             self.etcd.put(PREFIX + k, v)
         self.etcd.put(PREFIX + "good", good)
+        # An empty state is a string too: listed, not serving.
+        self.etcd.put(PREFIX + "blank", json.dumps({"address": "tcp://127.0.0.1:6",
+                                                    "state": ""}))
         self.etcd.put("/ctlrpc/v1/default/storage2/x", good)
         # Megabytes under the prefix: skipped too.
         self.etcd.put(PREFIX + "mega", b"{" + b" " * (1 << 20) + b"}")
@@ -441,17 +450,18 @@ class Hostile(Base):
         logging.getLogger("ctlrpc").addHandler(handler)
         self.addCleanup(logging.getLogger("ctlrpc").removeHandler, handler)
         d = self.directory()
-        self.assertEqual(ids(d.units()), ["good"])
+        self.assertEqual(ids(d.units()), ["blank", "good"])
+        self.assertEqual(d.addresses(), ["tcp://127.0.0.1:5"])
         self.assertEqual(d.skipped, len(bad) + 1)
         # Bad data arriving on the watch: skipped too; a unit overwritten with garbage goes.
         self.etcd.put(PREFIX + "later", "{broken")
         self.etcd.put(PREFIX + "good", "{broken")
-        self.assertTrue(d.wait(lambda us: us == [], 10), ids(d.units()))
+        self.assertTrue(d.wait(lambda us: ids(us) == ["blank"], 10), ids(d.units()))
         fs.wait_until(lambda: d.skipped == len(bad) + 3, "the later values counted", 5)
         self.assertEqual(logs.getvalue().count("skipping"), 1, logs.getvalue())
         # The listing, without a watch, says the same.
         got = cdir.list_units(self.etcd.url, "storage")
-        self.assertEqual(got.units, {})
+        self.assertEqual(sorted(got.units), ["blank"])
         self.assertEqual(got.skipped, len(bad) + 3)
 
 

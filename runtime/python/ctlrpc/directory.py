@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -121,6 +122,48 @@ class Unit:
         return d
 
 
+def _no_repeats(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("a key given twice")
+    return d
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_json(v: Any) -> None:
+    """What the C reader's JSON parser (jansson) refuses, refused here too, so that both readers
+    take the same values for units: a NUL in a string, an integer beyond 64 bits."""
+    if isinstance(v, str):
+        if "\x00" in v:
+            raise ValueError("a NUL in a string")
+    elif isinstance(v, bool):
+        pass
+    elif isinstance(v, int):
+        if not -(1 << 63) <= v < (1 << 63):
+            raise ValueError("an integer beyond 64 bits")
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("a number out of range")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _check_json(k)
+            _check_json(x)
+    elif isinstance(v, list):
+        for x in v:
+            _check_json(x)
+
+
+def _strict_json(text: str) -> Any:
+    """json.loads as strict as the C reader: no key twice in an object, no NaN or Infinity,
+    and _check_json. ValueError otherwise."""
+    v = json.loads(text, object_pairs_hook=_no_repeats, parse_constant=_no_constant)
+    _check_json(v)
+    return v
+
+
 def parse_unit(key: bytes, value: bytes, service: str, namespace: str,
                mod_revision: int = 0) -> Unit:
     """The unit a key and value under a service's prefix describe; ValueError saying why when
@@ -137,7 +180,7 @@ def parse_unit(key: bytes, value: bytes, service: str, namespace: str,
     if len(value) > MAX_VALUE_BYTES:
         raise ValueError(f"the value is {len(value)} bytes (at most {MAX_VALUE_BYTES})")
     try:
-        d = json.loads(value.decode("utf-8"))
+        d = _strict_json(value.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ValueError("the value is not JSON") from None
     if not isinstance(d, dict):
@@ -151,7 +194,7 @@ def parse_unit(key: bytes, value: bytes, service: str, namespace: str,
     if svc != service:
         raise ValueError(f"the value names another service ({str(svc)[:80]!r})")
     state = d.get("state")
-    if not isinstance(state, str) or not state:
+    if not isinstance(state, str):  # any string: "serving" serves, any other is listed
         raise ValueError("the value has no state")
 
     def text(name: str) -> str:
