@@ -546,7 +546,7 @@ int ctl_client_notify_req(ctl_client *client, const char *address,
             ctl_rq_finish_clean(client, &rq);
         rc = e->kind ? (int)e->kind : 0;
     }
-    ctl_rq_count_outcome(&rq);
+    ctl_rq_count_outcome(client, &rq);
     ctl_frame_fini(req);
     ctl_error_fini(&local);
     return rc;

@@ -113,7 +113,6 @@ int ctl_client_refuse(ctl_client *c, const ctl_frame *req,
     if (!(*addr = ctl_pool_addr(c->pool, address, err)))
         return err ? (int)err->kind : CTL_INVALID;
     if (timeout_ms == 0) {
-        atomic_fetch_add_explicit(&c->timeouts, 1, memory_order_relaxed);
         return ctl_error_transfer(err, CTL_CAUSE_TIMEOUT,
                                   "%s at %s: a timeout of 0 ms leaves no time "
                                   "for a reply; nothing was sent", op, address);
@@ -302,10 +301,16 @@ void ctl_rq_send_wait(ctl_client *c, ctl_rq *p, int64_t deadline_ms)
     }
 }
 
-void ctl_rq_count_outcome(const ctl_rq *p)
+void ctl_rq_count_outcome(ctl_client *c, const ctl_rq *p)
 {
-    if (p->addr && p->err && p->err->kind == CTL_TRANSFER)
+    if (!p->err || p->err->kind != CTL_TRANSFER)
+        return;
+    if (p->addr)
         ctl_pool_count_error(p->addr, p->err->cause);
+    /* Calls that ended as timeouts, not attempts (a retried attempt that
+     * timed out is counted in retries_by_cause). */
+    if (p->err->cause == CTL_CAUSE_TIMEOUT)
+        atomic_fetch_add_explicit(&c->timeouts, 1, memory_order_relaxed);
 }
 
 /* ---- retries (docs/API.md, "Retries") --------------------------------- */
@@ -465,7 +470,7 @@ void ctl_rq_end(ctl_client *c, ctl_rq *p)
     if (ok && p->addr && policy_on(c, p))
         ctl_pool_budget_success(p->addr,
                                 (int64_t)(c->opts.retry.budget_ratio * 1000 + 0.5));
-    ctl_rq_count_outcome(p);
+    ctl_rq_count_outcome(c, p);
 }
 
 /* A reply's bytes are a zmq_msg_t kept in the handle's tail. */
@@ -602,7 +607,6 @@ void ctl_rq_time_out(ctl_client *c, ctl_rq *p)
         ctl_error_transfer(p->err, CTL_CAUSE_TIMEOUT,
                            "%s at %s: no reply within %d ms", p->op, p->address,
                            p->timeout_ms);
-    atomic_fetch_add_explicit(&c->timeouts, 1, memory_order_relaxed);
     finish(c, p, 0);
 }
 

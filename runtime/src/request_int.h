@@ -210,9 +210,9 @@ void ctl_rq_time_out(ctl_client *c, ctl_rq *rq);
  * follows "<op> at <address>: ". Its socket, if any, is retired. */
 void ctl_rq_fail(ctl_client *c, ctl_rq *rq, ctl_cause cause, const char *why);
 
-/* Count the request's failure against its address, by cause (once, after
- * it is done). */
-void ctl_rq_count_outcome(const ctl_rq *rq);
+/* Count the request's failure against its address, by cause, and a
+ * timeout in the client's own count (once, after it is done). */
+void ctl_rq_count_outcome(ctl_client *c, const ctl_rq *rq);
 
 /* Refuse a request that is not to be sent: one packed out of memory, one
  * larger than the client's limit (logged), or any request when the caller

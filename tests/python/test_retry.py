@@ -570,6 +570,8 @@ class AttemptTimeout(Case):
         st = c.address_stats(self.unit.address)
         self.assertEqual((result, st["attempts"]), (attempts, attempts))
         self.assertEqual(st["retries_by_cause"]["timeout"], attempts - 1)
+        # The call did not time out, an attempt did: timeouts count calls (errors["timeout"]).
+        self.assertEqual((st["timeouts"], st["errors"].get("timeout", 0)), (0, 0))
 
     def test_idempotent_attempt_cut_and_retried(self):
         with ctlrpc.Client(timeout=CALL_S, retry=self.policy(), late_grace=5.0) as c:

@@ -598,6 +598,14 @@ static void test_attempt_timeout(void **state)
             ctl_address_stats s = stats(c, u.endpoint);
             assert_int_equal(s.attempts, idem ? 2 : 1);
             assert_int_equal(s.retries_by_cause[CTL_CAUSE_TIMEOUT], idem ? 1 : 0);
+            /* The call did not time out: an attempt did. timeouts count
+             * calls, as errors[timeout] does, for the address and the
+             * client. */
+            assert_int_equal(s.timeouts, 0);
+            assert_int_equal(s.errors[CTL_CAUSE_TIMEOUT], 0);
+            ctl_client_stats cs;
+            ctl_client_stats_get(c, &cs);
+            assert_int_equal(cs.timeouts, 0);
             if (async)
                 ctl_call_release(call);
             else

@@ -342,9 +342,13 @@ class _Pool:
             self._entry(address).counters[counter] += n
 
     def count_error(self, address: str, cause: str) -> None:
+        """A call (or notify) that ended in Transfer of `cause`; one that timed out counts in
+        `timeouts` too (calls, not attempts: the same as errors["timeout"])."""
         with self.lock:
             e = self._entry(address)
             e.errors[cause] = e.errors.get(cause, 0) + 1
+            if cause == "timeout":
+                e.counters["timeouts"] += 1
 
     def count_retry(self, address: str, cause: str) -> None:
         """A retry after a failure of `cause` ("busy": after Busy; "": the transparent retry,
@@ -1259,7 +1263,6 @@ class _Engine:
             p.error = e
         else:
             p.error = errors.Timeout(f"no reply within {within}", address=p.address, op=op)
-        self._pool.count(p.address, "timeouts")
         self._finish(p, False)
 
 
