@@ -341,6 +341,8 @@ class PythonUnit(unittest.TestCase):
                     c.notify(self.a, "note", {"n": i})
                 self.assertEqual(await c.call(self.a, "notes"), [0, 1, 2, 3, 4])
                 self.assertEqual(c.stats(self.a)["notifies"], 5)
+                # Each notify was a try at sending, as in the C client.
+                self.assertEqual(c.stats(self.a)["attempts"], 6)
         run(go)
 
     def test_close_with_a_call_in_flight(self):

@@ -159,7 +159,8 @@ class NeverSent(unittest.TestCase):
                 with ctlrpc.Client(timeout=CALL_S) as other:
                     self.assertEqual(other.call(address, "probe"), "here")
                 st = c.stats(address)
-                self.assertEqual((st["calls"], st["notifies"], st["attempts"]), (0, 0, 1))
+                # Nothing left; two tries at sending (the call's and the notify's).
+                self.assertEqual((st["calls"], st["notifies"], st["attempts"]), (0, 0, 2))
                 self.assertEqual(st["errors"]["refused"], 2)
                 self.wait_closed(c, address)
                 self.assertEqual(unit.count("target"), 0)
@@ -740,12 +741,25 @@ class Policies(unittest.TestCase):
         for kw in ({"max_attempts": -1}, {"max_attempts": 1.5}, {"initial_backoff": -1},
                    {"max_backoff": float("nan")}, {"multiplier": 0}, {"jitter": 1.5},
                    {"jitter": -0.1}, {"budget_tokens": 0}, {"budget_ratio": -1},
-                   {"clock": 3}, {"rng": "x"}):
+                   {"clock": 3}, {"rng": "x"},
+                   # The C client's bounds (ctl_retry_policy), the same here.
+                   {"multiplier": 0.5}, {"multiplier": True}, {"max_backoff": 0.01},
+                   {"jitter": True}, {"budget_tokens": 2000000}, {"budget_ratio": 1e7}):
             with self.assertRaises(ValueError, msg=repr(kw)) as cm:
                 ctlrpc.RetryPolicy(**kw)
             self.assertIn(next(iter(kw)), str(cm.exception))
         with self.assertRaises(TypeError):
             ctlrpc.Client(retry=3)
+        # Timeouts are finite numbers of seconds, named when they are not.
+        for bad in (float("inf"), float("nan"), -1, True, "1"):
+            with self.assertRaises(ValueError) as cm:
+                ctlrpc.Client(timeout=bad)
+            self.assertIn("timeout", str(cm.exception))
+        with ctlrpc.Client() as c:
+            for bad in (float("inf"), float("nan")):
+                with self.assertRaises(ValueError) as cm:
+                    c.call("tcp://127.0.0.1:1", "x", timeout=bad)
+                self.assertIn("timeout", str(cm.exception))
 
     def test_defaults_and_backoff(self):
         p = ctlrpc.RetryPolicy()

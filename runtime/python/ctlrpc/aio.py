@@ -267,6 +267,7 @@ class Client(_Engine):
                 self._pool.count_error(address, full.cause)
                 raise full
             ob.queue.append((op, payload))
+            self._pool.count(address, "attempts")  # a try at sending, as any notify
             return
         sock, payload = self._notify_prepare(address, op, args)
         failure: Optional[errors.Transfer] = None

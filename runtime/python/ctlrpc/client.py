@@ -628,6 +628,13 @@ def _address_stats(counters: Mapping[str, int], errs: Mapping[str, int],
                 retries_by_cause=dict(by_cause))
 
 
+def _seconds(name: str, v: Any) -> float:
+    """A timeout in seconds: a finite number >= 0 (ValueError naming it otherwise)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise ValueError(f"{name} {v!r} is not a number of seconds >= 0")
+    return float(v)
+
+
 class _Pending:
     """One request of a call or a fan-out, through its attempts."""
 
@@ -703,8 +710,7 @@ class _Engine:
         self.retry = retry
         self._now = retry.now_fn()
         self._retry_sleep = self._sleeper(retry)
-        if timeout < 0:
-            raise ValueError(f"client: timeout {timeout} is negative")
+        timeout = _seconds("client: timeout", timeout)
         if max_msg_bytes <= 0:
             raise ValueError(f"client: max_msg_bytes {max_msg_bytes} is not positive")
         if not idle_timeout > 0:
@@ -786,9 +792,7 @@ class _Engine:
     def _timeout(self, timeout: Optional[float]) -> float:
         if timeout is None:
             return self.timeout
-        if timeout < 0:
-            raise ValueError(f"timeout {timeout} is negative")
-        return float(timeout)
+        return _seconds("timeout", timeout)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1102,10 +1106,11 @@ class _Engine:
             self._pool.count_error(address, e.cause)
             raise e
         try:
-            sock, pooled = self._pool.lend(address)
+            # Each try at sending counts in `attempts`, as in the C client.
+            sock, pooled = self._pool.lend(address, attempt=True)
             if pooled and self.retry.transparent and not self._pool.connected(sock):
                 self._pool.retire(address, sock)  # its connection has gone: nothing queued
-                sock, _ = self._pool.lend(address, fresh=True)
+                sock, _ = self._pool.lend(address, fresh=True, attempt=True)
         except zmq.ZMQError as e:
             raise errors.Transfer(f"cannot make a socket: {e.strerror}; nothing was sent",
                                   cause="transport", address=address, op=op) from None

@@ -82,17 +82,23 @@ class RetryPolicy:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 \
                     or v == float("inf"):
                 raise bad(f"{name} {v!r} is not a number of seconds >= 0")
-        if not isinstance(self.multiplier, (int, float)) or not 0.0 < self.multiplier < \
-                float("inf"):
-            raise bad(f"multiplier {self.multiplier!r} is not a number > 0")
-        if not isinstance(self.jitter, (int, float)) or not 0.0 <= self.jitter <= 1.0:
+        if self.max_backoff < self.initial_backoff:
+            raise bad(f"max_backoff {self.max_backoff!r} is below initial_backoff "
+                      f"{self.initial_backoff!r}")
+        # The bounds the C client's ctl_retry_policy has.
+        if not isinstance(self.multiplier, (int, float)) or isinstance(self.multiplier, bool) \
+                or not 1.0 <= self.multiplier <= 1e6:
+            raise bad(f"multiplier {self.multiplier!r} is not between 1 and 1e6")
+        if not isinstance(self.jitter, (int, float)) or isinstance(self.jitter, bool) or \
+                not 0.0 <= self.jitter <= 1.0:
             raise bad(f"jitter {self.jitter!r} is not between 0 and 1")
         if isinstance(self.budget_tokens, bool) or not isinstance(self.budget_tokens, int) \
-                or self.budget_tokens < 1:
-            raise bad(f"budget_tokens {self.budget_tokens!r} is not a whole number >= 1")
-        if not isinstance(self.budget_ratio, (int, float)) or not 0.0 <= self.budget_ratio < \
-                float("inf"):
-            raise bad(f"budget_ratio {self.budget_ratio!r} is not a number >= 0")
+                or not 1 <= self.budget_tokens <= 1000000:
+            raise bad(f"budget_tokens {self.budget_tokens!r} is not a whole number between 1 "
+                      f"and 1000000")
+        if not isinstance(self.budget_ratio, (int, float)) or isinstance(self.budget_ratio, bool) \
+                or not 0.0 <= self.budget_ratio <= 1e6:
+            raise bad(f"budget_ratio {self.budget_ratio!r} is not between 0 and 1000000")
         if self.attempt_timeout is not None and (
                 not isinstance(self.attempt_timeout, (int, float)) or
                 isinstance(self.attempt_timeout, bool) or not self.attempt_timeout >= 0 or
