@@ -81,6 +81,7 @@
 
 #include <zmq.h>
 
+#include "ctlrpc/net.h"
 #include "call_int.h"
 #include "client_int.h"
 #include "pool_int.h"
@@ -458,8 +459,11 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
 {
     ctl_client *c = call->client;
     ctl_engine *e = c->engine;
-    char what[160];
-    snprintf(what, sizeof what, "%s%s", call->op, call->many ? "_many" : "");
+    char what[CTL_ENDPOINT_MAX + 96];
+    if (call->many || call->count != 1 || !call->addresses[0])
+        snprintf(what, sizeof what, "%s%s", call->op, call->many ? "_many" : "");
+    else /* as every message about one call: its op and its address */
+        snprintf(what, sizeof what, "%.80s at %s", call->op, call->addresses[0]);
     int rc = ctl_client_reserve(c, call->count, what, err);
     if (rc != 0) {
         call_free(call);

@@ -357,6 +357,8 @@ class PythonUnit(unittest.TestCase):
             with self.assertRaises(ctlrpc.Transfer) as cm:
                 await task
             self.assertIn("closed", str(cm.exception))
+            # Named as every error is: the address and the op.
+            self.assertEqual((cm.exception.address, cm.exception.op), (self.a, "block"))
             self.assertEqual(readers(loop), base)
             with self.assertRaises(RuntimeError):
                 await c.call(self.a, "echo")

@@ -970,6 +970,7 @@ static void test_max_in_flight(void **state)
     assert_null(call);
     assert_int_equal(f->err.cause, CTL_CAUSE_LIMIT);
     assert_non_null(strstr(f->err.msg, "max_in_flight"));
+    assert_non_null(strstr(f->err.msg, f->unit.endpoint)); /* the call's address */
     /* A blocking call is counted too. */
     ctl_reply *r = NULL;
     assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, CALL_MS,

@@ -71,12 +71,13 @@ class _Waiter:
     client's clock: the client's _Alarm rings it). Only ever completed with a result (never an
     exception), so nothing is left unretrieved whatever ends the wait."""
 
-    __slots__ = ("loop", "ps", "fut", "ready", "wake_at", "alarm")
+    __slots__ = ("loop", "ps", "op", "fut", "ready", "wake_at", "alarm")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ps: Sequence[_Pending],
+    def __init__(self, loop: asyncio.AbstractEventLoop, ps: Sequence[_Pending], op: str,
                  alarm: "_Alarm") -> None:
         self.loop = loop
         self.ps = ps
+        self.op = op  # (for the errors that end it from outside: a close)
         self.fut: Optional[asyncio.Future[None]] = None
         self.ready: List[_Pending] = []
         self.wake_at = math.inf
@@ -298,8 +299,10 @@ class Client(_Engine):
         if self._closed:
             return
         for w in list(self._waiters):
-            self._abandon(w.ps, errors.Transfer("the client was closed during the call",
-                                                cause="transport"))
+            for p in w.ps:
+                self._abandon([p], errors.Transfer("the client was closed during the call",
+                                                   cause="transport", address=p.address,
+                                                   op=w.op))
             w.wake()
         for ob in list(self._outboxes.values()):
             ob.closed = True
@@ -470,7 +473,7 @@ class Client(_Engine):
         However it ends (a cancel too), every socket has left the call and no reader stays on
         the loop."""
         loop = self._home()
-        w = _Waiter(loop, ps, self._alarm)
+        w = _Waiter(loop, ps, op, self._alarm)
         for p in ps:
             p.waiter = w
         self._waiters.add(w)
