@@ -104,6 +104,7 @@ class Fleet(unittest.TestCase):
         status, out, err = caller("units", "--etcd", self.etcd.url, "--service", "storage",
                                   "--namespace", "other", "--json")
         self.assertEqual((status, json.loads(out)), (0, []))
+        self.assertIn("no unit of service 'storage' is registered in namespace 'other'", err)
 
     def test_call_health_stats_by_service(self):
         fleet = ["--etcd", self.etcd.url, "--service", "storage"]
@@ -132,6 +133,7 @@ class Fleet(unittest.TestCase):
             status, out, err = caller(*cmd, "--etcd", dead, "--service", "storage")
             self.assertEqual(status, 8, (cmd, err))
             self.assertIn(dead, err)
+            self.assertIn("service 'storage' (namespace default)", err)
         status, _, err = caller("health", "--etcd", self.etcd.url, "--service", "nothing")
         self.assertEqual(status, 8)
         self.assertIn("no serving unit of service 'nothing'", err)

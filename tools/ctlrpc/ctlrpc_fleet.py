@@ -99,13 +99,32 @@ def etcd_failure(e: Any) -> caller.Fail:
     return caller.Fail(caller.EXIT_LOCAL, e.msg)
 
 
+LISTING_RETRY_S = 1.0  # an etcd no endpoint answers is tried again, with backoff, this long
+
+
 def listing(a: argparse.Namespace, etcd: Any) -> Any:
+    """One listing of the service, retried with backoff for about a second (never past the
+    command's --timeout) while no etcd endpoint answers, as ctl-storage does; a failure names
+    the service and its namespace."""
     from ctlrpc import directory as _dir
-    from ctlrpc.etcd import EtcdError
-    try:
-        got = _dir.list_units(etcd, a.service, a.namespace)
-    except EtcdError as e:
-        raise etcd_failure(e) from None
+    from ctlrpc.etcd import Backoff, EtcdError, EtcdUnreachable
+    until = time.monotonic() + min(LISTING_RETRY_S, max(0.0, a.timeout))
+    backoff = Backoff()
+    while True:
+        try:
+            got = _dir.list_units(etcd, a.service, a.namespace)
+            break
+        except EtcdUnreachable as e:
+            wait = backoff.next()
+            if time.monotonic() + wait >= until:
+                fail = etcd_failure(e)
+                fail.msg = f"service '{a.service}' (namespace {a.namespace}): {fail.msg}"
+                raise fail from None
+            time.sleep(wait)
+        except EtcdError as e:
+            fail = etcd_failure(e)
+            fail.msg = f"service '{a.service}' (namespace {a.namespace}): {fail.msg}"
+            raise fail from None
     if got.first_bad is not None:
         key, why = got.first_bad
         sys.stderr.write(f"{caller.PROG}: skipped {got.skipped} value(s) under "
@@ -149,8 +168,13 @@ def cmd_units(a: argparse.Namespace, client: Optional[ctlrpc.Client]) -> int:
     got = listing(a, etcd)
     now = time.time()
     units = [u for _, u in sorted(got.units.items())]
+    if not units:
+        sys.stderr.write(f"{caller.PROG}: no unit of service '{a.service}' is registered in "
+                         f"namespace '{a.namespace}' (etcd {etcd.where})\n")
     if a.json:
-        caller.out(json.dumps([dict(u.to_json(), age_s=round(now - u.started, 3)
+        # Each unit's value as it is in etcd, with its unit id, namespace and age.
+        caller.out(json.dumps([dict(u.fields, unit_id=u.unit_id, namespace=u.namespace,
+                                    age_s=round(max(0.0, now - u.started), 3)
                                     if u.started else None) for u in units]))
         return 0
     caller.out(f"{'UNIT_ID':<32} {'ADDRESS':<28} {'STATE':<9} {'AGE':>8}  VERSION")
