@@ -350,6 +350,15 @@ class TestMalformed(ServerCase):
         st = self.server.stats()
         self.assertEqual((st["dropped"], st["requests"]), (0, 14))
 
+    def test_repeated_arg_refused(self):
+        """A key given twice in the args is a Protocol error naming it, as the C unit says;
+        a notify's is dropped."""
+        s = self.raw()
+        self.protocol(s, b"\x93\xa4echo\xa2id\x82\xa1v\x01\xa1v\x02", "arg v: given twice")
+        self.protocol(s, b"\x93\xa4echo\xa2id\xde\x00\x02\xa1v\x01\xa1v\x02",
+                      "arg v: given twice")
+        self.assertEqual(self.call("echo", {"v": 3}), 3)
+
     def test_unknown_notify_dropped(self):
         """A notify of an op the unit does not know (a newer client's: notifies send the empty
         id) gets nothing back, not even an error, and is counted in `dropped`; with any other

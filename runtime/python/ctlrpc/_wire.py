@@ -499,6 +499,50 @@ def show(text: str, limit: int = 64) -> str:
     return shown + ("..." if len(raw) > limit else "")
 
 
+def _args_repeated(data: bytes, args: Dict[Any, Any]) -> Optional[str]:
+    """When the args map of request `data` (decoded as `args`) holds a key more than once, what
+    to say of it ("arg key: given twice", as the C unit says); else None. A decoded dict keeps
+    the last of a repeated key: its size against the map's declared one tells."""
+    pos = _read_array_of(data, 0, 3)
+    for _ in range(2):  # the op, the id
+        if pos < 0 or pos >= len(data):
+            return None
+        b = data[pos]
+        if 0xA0 <= b <= 0xBF:
+            pos += 1 + (b & 0x1F)
+        elif b == 0xD9 and pos + 1 < len(data):
+            pos += 2 + data[pos + 1]
+        elif b in (0xDA, 0xDB):
+            w = 2 if b == 0xDA else 4
+            pos += 1 + w + int.from_bytes(data[pos + 1:pos + 1 + w], "big")
+        else:
+            return None
+    if pos >= len(data):
+        return None
+    b = data[pos]
+    if 0x80 <= b <= 0x8F:
+        n = b & 0x0F
+    elif b in (0xDE, 0xDF):
+        w = 2 if b == 0xDE else 4
+        n = int.from_bytes(data[pos + 1:pos + 1 + w], "big")
+    else:
+        return None
+    if n == len(args):
+        return None
+    seen = set()
+    try:
+        pairs = msgpack.Unpacker(raw=False, object_pairs_hook=list, strict_map_key=False,
+                                 max_buffer_size=len(data))
+        pairs.feed(data[pos:])
+        for k, _ in next(pairs):
+            if k in seen:
+                return f"arg {show(k) if isinstance(k, str) else repr(k)}: given twice"
+            seen.add(k)
+    except Exception:  # (it was decoded once already: this does not happen)
+        pass
+    return "args: a key given twice"
+
+
 def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     """Decode a request payload.
 
@@ -512,6 +556,9 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     if env is not None and type(env[0]) is str and type(env[1]) is str and \
             type(env[2]) is dict and \
             all(type(k) is str for k in env[2]):
+        twice = _args_repeated(data, env[2])
+        if twice is not None:
+            return Request(env[0], env[1], None, twice)
         return Request(env[0], env[1], env[2])
     pos = _read_array_of(data, 0, 3)
     if pos < 0:
@@ -531,6 +578,9 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     for key in args:
         if type(key) is not str:
             return Request(op, rid, args, odd_key=key, has_odd_key=True)
+    twice = _args_repeated(data, args)
+    if twice is not None:
+        return Request(op, rid, None, twice)
     return Request(op, rid, args)
 
 
