@@ -55,10 +55,6 @@ typedef struct reg {
     bool put_wanted;  /* the value changed: put it again */
     uint64_t drain_seq, drain_done;
     bool finished;    /* the thread has done its last call to etcd */
-    /* The end of the etcd work a stop may wait for: DRAIN_MARK_MS from the
-     * drain (or the close, without one). Past it, etcd's calls are cut. */
-    struct timespec bye_by;
-    bool bye_set;
     /* Figures, under mu. */
     int64_t lease;
     bool live, live_draining;
@@ -384,15 +380,15 @@ static void on_drain(void *arg)
         pthread_cond_broadcast(&r->cv);
         /* Wait, bounded, until etcd has the mark: draining is visible
          * while the server drains. */
-        deadline_in(&r->bye_by, DRAIN_MARK_MS);
-        r->bye_set = true;
+        struct timespec ts;
+        deadline_in(&ts, DRAIN_MARK_MS);
         while (r->drain_done < seq && r->live)
-            if (pthread_cond_timedwait(&r->cv, &r->mu, &r->bye_by) == ETIMEDOUT)
+            if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT)
                 break;
         if (r->drain_done < seq && r->live) {
             pthread_mutex_unlock(&r->mu);
-            /* etcd does not answer in time: nothing more is waited for
-             * (the key goes when its lease expires). */
+            /* etcd does not answer in time: nothing more is waited for,
+             * the revoke included (the key goes when its lease expires). */
             ctl_log(CTL_LOG_WARN, LOG_WHO, "%s: etcd did not take the draining mark in %d ms; "
                     "its key goes when its lease expires, in %d s at most", r->key,
                     DRAIN_MARK_MS, r->ttl_s);
@@ -409,16 +405,13 @@ static void on_closed(void *arg)
     pthread_mutex_lock(&r->mu);
     r->stop = true;
     pthread_cond_broadcast(&r->cv);
-    if (!r->bye_set) {
-        deadline_in(&r->bye_by, DRAIN_MARK_MS);
-        r->bye_set = true;
-    }
-    /* The revoke (or a call in flight) gets what is left of the stop's
-     * time with etcd; then it is cut short, so that a hung etcd does not
-     * hold the unit's end. */
+    /* The revoke (and a call in flight before it) gets DRAIN_MARK_MS; then
+     * it is cut short, so that a hung etcd does not hold the unit's end. */
+    struct timespec ts;
+    deadline_in(&ts, DRAIN_MARK_MS);
     bool late = false;
     while (r->thread_started && !r->finished && !late)
-        late = pthread_cond_timedwait(&r->cv, &r->mu, &r->bye_by) == ETIMEDOUT;
+        late = pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT;
     pthread_mutex_unlock(&r->mu);
     if (late)
         ctl_etcd_abort(r->etcd);

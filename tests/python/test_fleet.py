@@ -172,6 +172,32 @@ class Members(Base):
         with self.assertRaisesRegex(ValueError, "not http"):
             s3.register("tcp://127.0.0.1:2379")
 
+    def test_long_drain_still_revokes(self):
+        """A drain longer than the 2 s a stop gives etcd at each step (a handler runs 2.5 s) still
+        revokes the lease when the server closes: the key is gone at once, not after its TTL."""
+        started = threading.Event()
+
+        def slow(a):
+            started.set()
+            time.sleep(2.5)
+            return "done"
+        d = self.directory()
+        s = ctlrpc.Server({"slow": slow}, "tcp://127.0.0.1:0", name="storage")
+        self.addCleanup(s.close)
+        s.register(self.etcd.url, unit_id="slowdrain", lease_ttl=30)
+        self.assertTrue(d.wait(lambda us: ids(us) == ["slowdrain"], 10))
+        got = []
+        th = threading.Thread(target=lambda: got.append(
+            ctlrpc.Client(timeout=10.0).call(s.endpoint, "slow")))
+        th.start()
+        self.assertTrue(started.wait(10.0))
+        s.drain(timeout=5.0)
+        t0 = time.monotonic()
+        self.assertTrue(d.wait(lambda us: us == [], 5.0), ids(d.units()))
+        self.assertLess(time.monotonic() - t0, 5.0)  # revoked: its lease had 30 s to run
+        th.join(10.0)
+        self.assertEqual(got, ["done"])
+
     def test_advertise(self):
         self.unit("--unit-id", "adv", "--advertise", "tcp://10.1.2.3:4100")
         d = self.directory()

@@ -641,7 +641,7 @@ class Registration:
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._backoff = _etcd.Backoff()
-        self._bye_by: Optional[float] = None  # when a stop's etcd work must end (monotonic)
+        self._unanswered = False  # etcd did not answer the draining mark: not waited for
         self._thread = _threads.start(self._run, f"ctlrpc-registration {self.key}")
 
     @property
@@ -664,11 +664,9 @@ class Registration:
             raise ValueError(f"registration: state '{state}' is not one of {', '.join(STATES)}")
         self._value["state"] = state
         self._dirty = True
-        if state == "draining" and self._bye_by is None:
-            # A stop's etcd work (this mark, then close's revoke) ends by then.
-            self._bye_by = time.monotonic() + DRAINING_WAIT
         if not self._lock.acquire(timeout=max(0.0, wait)):
             self._kick.set()
+            self._unanswered = state == "draining"
             return False
         try:
             if self._lease is None:
@@ -680,27 +678,28 @@ class Registration:
                     / max(1, len(self.etcd.endpoints))
                 self._put(each)
                 return True
-            except (EtcdError, OSError):
+            except (EtcdError, OSError) as e:
                 self._kick.set()
+                self._unanswered = state == "draining" and not isinstance(e, EtcdError)
                 return False
         finally:
             self._lock.release()
 
     def close(self, revoke: bool = True) -> None:
         """Stop keeping the key alive and (by default) revoke the lease: the key is gone at
-        once. Waits at most 2 s (DRAINING_WAIT) from the drain's draining mark, or from this
-        call without one, for etcd: past that, etcd is not waited for, and the key goes when
-        its lease expires. Idempotent."""
+        once. Waits at most 2 s (DRAINING_WAIT) for etcd, and not at all when etcd did not
+        answer the draining mark: then, as past those 2 s, the key goes when its lease
+        expires. Idempotent."""
         if self._stop.is_set():
             return
-        by = self._bye_by if self._bye_by is not None else time.monotonic() + DRAINING_WAIT
+        by = time.monotonic() + (0.0 if self._unanswered else DRAINING_WAIT)
         self._stop.set()
         self._kick.set()
         self._thread.join(max(0.0, by - time.monotonic()))
         if not self._lock.acquire(timeout=max(0.0, by - time.monotonic())):
-            log.warning("registration %s: etcd did not answer within %g s of the stop; the "
-                        "key goes when its lease expires, within %d s", self.key,
-                        DRAINING_WAIT, self.lease_ttl)
+            log.warning("registration %s: etcd did not answer in time (its draining mark, or "
+                        "%g s at the stop); the key goes when its lease expires, within %d s",
+                        self.key, DRAINING_WAIT, self.lease_ttl)
             return
         try:
             lease, self._lease = self._lease, None
@@ -709,9 +708,10 @@ class Registration:
         left = by - time.monotonic()
         if revoke and lease is not None:
             if left <= 0:
-                log.warning("registration %s: no time left to revoke its lease (etcd did not "
-                            "answer within %g s of the stop); the key goes when the lease "
-                            "expires, within %d s", self.key, DRAINING_WAIT, self.lease_ttl)
+                log.warning("registration %s: its lease is not revoked (etcd did not answer "
+                            "in time: its draining mark, or %g s at the stop); the key goes "
+                            "when the lease expires, within %d s", self.key, DRAINING_WAIT,
+                            self.lease_ttl)
                 return
             try:
                 self.etcd.request("lease/revoke", {"ID": lease},
