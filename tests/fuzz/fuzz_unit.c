@@ -356,7 +356,11 @@ static void serve_message(const fuzz_chunk *msg)
                                            &zone, &rq, why, sizeof why);
     const ctl_op *op = dc == CTL_DECODE_DROP ? NULL : find_op(rq.op);
     int notify = op && (op->flags & CTL_OP_NOREPLY);
-    int answered = framed && dc != CTL_DECODE_DROP && !notify;
+    /* An op the unit does not know with the empty id: a newer client's
+     * notify, dropped (PROTOCOL.md, "Malformed input"). */
+    int unknown_notify = framed && dc != CTL_DECODE_DROP && !op && !find_builtin(rq.op) &&
+                         rq.id.len == 0;
+    int answered = framed && dc != CTL_DECODE_DROP && !notify && !unknown_notify;
 
     uint64_t requests = counter(&core.counters.requests);
     uint64_t dropped = counter(&core.counters.dropped);
@@ -385,6 +389,13 @@ static void serve_message(const fuzz_chunk *msg)
                    "a dropped message was not counted");
         FUZZ_CHECK(counter(&core.counters.requests) == requests,
                    "a dropped message was counted as a request");
+    } else if (unknown_notify) {
+        FUZZ_CHECK(v == CTL_DISPATCH_DROPPED && core.out.size == 0,
+                   "a notify of an unknown op was answered (mode %u)", mode);
+        FUZZ_CHECK(counter(&core.counters.dropped) == dropped + 1,
+                   "a notify of an unknown op was not counted as dropped");
+        FUZZ_CHECK(counter(&core.counters.requests) == requests + 1,
+                   "a notify of an unknown op was not counted as a request");
     } else {
         FUZZ_CHECK(v != CTL_DISPATCH_DROPPED, "a request was dropped (mode %u)", mode);
         FUZZ_CHECK(counter(&core.counters.requests) == requests + 1,
