@@ -407,6 +407,16 @@ static int judge(ctl_etcd *e, size_t ep, const char *path, long status, buf *b,
 
 static int authenticate(ctl_etcd *e, size_t ep, ctl_error *err);
 
+/* Add "endpoint: why" to `each` (a message's list of every endpoint's
+ * failure), truncated at its end. */
+static void note_failure(char *each, size_t cap, size_t *len, const char *ep, const char *why)
+{
+    if (*len >= cap)
+        return;
+    int n = snprintf(each + *len, cap - *len, "%s%s: %s", *len ? "; " : "", ep, why);
+    *len = n < 0 ? cap : *len + (size_t)n;
+}
+
 int ctl_etcd_call(ctl_etcd *e, const char *path, json_t *body, json_t **resp,
                   int *code, ctl_error *err)
 {
@@ -418,7 +428,8 @@ int ctl_etcd_call(ctl_etcd *e, const char *path, json_t *body, json_t **resp,
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "%s: out of memory", e->who);
     int rc = 0, worst = XR_UNREACHABLE;
     char why[CURL_ERROR_SIZE + 64] = "", first_why[CURL_ERROR_SIZE + 64] = "";
-    size_t first_ep = e->current;
+    char each[1024] = ""; /* every endpoint's failure, for the message */
+    size_t each_len = 0;
     for (size_t k = 0; k < e->n_endpoints; k++) {
         size_t ep = (e->current + k) % e->n_endpoints;
         bool retried_auth = false;
@@ -430,7 +441,8 @@ int ctl_etcd_call(ctl_etcd *e, const char *path, json_t *body, json_t **resp,
             }
             snprintf(why, sizeof why, "%s", err ? err->msg : "cannot authenticate");
             if (!*first_why)
-                snprintf(first_why, sizeof first_why, "%s", why), first_ep = ep;
+                snprintf(first_why, sizeof first_why, "%s", why);
+            note_failure(each, sizeof each, &each_len, e->endpoints[ep], why);
             continue;
         }
         buf b = {NULL, 0, 0, false};
@@ -461,10 +473,9 @@ int ctl_etcd_call(ctl_etcd *e, const char *path, json_t *body, json_t **resp,
         }
         if (x == XR_TIMEOUT || (x == XR_OTHER && worst == XR_UNREACHABLE))
             worst = x;
-        if (!*first_why || x != XR_UNREACHABLE) {
+        if (!*first_why || x != XR_UNREACHABLE)
             snprintf(first_why, sizeof first_why, "%s", why);
-            first_ep = ep;
-        }
+        note_failure(each, sizeof each, &each_len, e->endpoints[ep], why);
     }
     free(text);
     if (e->n_endpoints == 1)
@@ -478,8 +489,8 @@ int ctl_etcd_call(ctl_etcd *e, const char *path, json_t *body, json_t **resp,
                               worst == XR_TIMEOUT ? CTL_CAUSE_TIMEOUT
                               : worst == XR_OTHER ? CTL_CAUSE_TRANSPORT
                                                  : CTL_CAUSE_REFUSED,
-                              "%s: cannot reach etcd at any of %s (%s: %s)", e->who,
-                              e->endpoints_text, e->endpoints[first_ep], first_why);
+                              "%s: cannot reach etcd at any of %s (%s)", e->who,
+                              e->endpoints_text, each);
 }
 
 /* /v3/auth/authenticate on endpoint `ep`: the token for the next calls. */

@@ -770,6 +770,9 @@ static void test_never_reached(void **state)
     assert_true(ep_now_ms() - t0 < 3000);
     assert_non_null(strstr(err.msg, "127.0.0.1:9"));
     assert_int_equal(err.cause, CTL_CAUSE_REFUSED);
+    /* Each endpoint's failure is named, as in Python. */
+    assert_non_null(strstr(err.msg, "(http://127.0.0.1:9: "));
+    assert_non_null(strstr(err.msg, "; http://127.0.0.1:7: "));
     /* Bad names and endpoints are usage errors. */
     o.etcd.endpoints = "ftp://127.0.0.1:9";
     assert_int_equal(ctl_directory_new("storage", &o, &d, &err), CTL_INVALID);
