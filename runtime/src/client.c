@@ -329,9 +329,7 @@ int ctl_client_call_req(ctl_client *client, const char *address,
     ctl_error local;
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    char what[CTL_ENDPOINT_MAX + 96];
-    snprintf(what, sizeof what, "%.80s at %s", op, address);
-    int rc = ctl_client_reserve(client, 1, what, e);
+    int rc = ctl_client_reserve(client, 1, op, address, e);
     if (rc != 0) {
         ctl_frame_fini(req);
         ctl_error_fini(&local);

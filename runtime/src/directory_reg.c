@@ -304,15 +304,13 @@ static void *reg_main(void *arg)
             /* A key deleted while its lease lives (an operator's `etcdctl
              * del`, say) goes back: the unit still serves. */
             bool gone = alive == 1 && !put_again && key_present(r, &err) == 0;
-            if (gone)
+            if (gone) {
                 ctl_log(CTL_LOG_WARN, LOG_WHO,
                         "%s: the key was deleted while its lease lives; putting it again",
                         r->key);
-            pthread_mutex_lock(&r->mu);
-            if (gone) {
-                put_again = true;
-                wait = -1; /* at once (below) */
+                put_again = true; /* at once: no wait for it (below) */
             }
+            pthread_mutex_lock(&r->mu);
             if (alive == 1) {
                 r->keepalives++;
                 last_ok = ctl_now_ms();
@@ -347,12 +345,10 @@ static void *reg_main(void *arg)
             pthread_mutex_unlock(&r->mu);
         }
         pthread_mutex_lock(&r->mu);
-        if (lease && !wait && !r->put_wanted) {
+        if (lease && !wait && !r->put_wanted && !put_again) {
             int64_t left = next_ka - ctl_now_ms();
             wait = left > 0 ? left : 0;
         }
-        if (wait < 0)
-            wait = 0;
         wait_ms(r, wait);
     }
     bool had = lease != 0;

@@ -81,7 +81,6 @@
 
 #include <zmq.h>
 
-#include "ctlrpc/net.h"
 #include "call_int.h"
 #include "client_int.h"
 #include "pool_int.h"
@@ -459,12 +458,8 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
 {
     ctl_client *c = call->client;
     ctl_engine *e = c->engine;
-    char what[CTL_ENDPOINT_MAX + 96];
-    if (call->many || call->count != 1 || !call->addresses[0])
-        snprintf(what, sizeof what, "%s%s", call->op, call->many ? "_many" : "");
-    else /* as every message about one call: its op and its address */
-        snprintf(what, sizeof what, "%.80s at %s", call->op, call->addresses[0]);
-    int rc = ctl_client_reserve(c, call->count, what, err);
+    int rc = ctl_client_reserve(c, call->count, call->op,
+                                call->many ? NULL : call->addresses[0], err);
     if (rc != 0) {
         call_free(call);
         return rc;
@@ -488,10 +483,11 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
         ctl_client_unreserve(c, call->count);
         if (out)
             *out = NULL;
+        rc = ctl_error_set(err, CTL_INVALID,
+                           "%s%s: the client is being destroyed; nothing was sent",
+                           call->op, call->many ? "_many" : "");
         call_free(call);
-        return ctl_error_set(err, CTL_INVALID,
-                             "%s: the client is being destroyed; nothing was "
-                             "sent", what);
+        return rc;
     }
     call->next = NULL;
     if (e->sub_tail)

@@ -71,7 +71,7 @@ void ctl_client_new_id(ctl_client *c, int64_t deadline_wall_ms,
         deadline_wall_ms, out);
 }
 
-int ctl_client_reserve(ctl_client *c, size_t n, const char *what,
+int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
                        ctl_error *err)
 {
     uint64_t max = c->opts.max_in_flight;
@@ -81,9 +81,10 @@ int ctl_client_reserve(ctl_client *c, size_t n, const char *what,
         return 0;
     atomic_fetch_sub_explicit(&c->in_flight, n, memory_order_relaxed);
     return ctl_error_transfer(err, CTL_CAUSE_LIMIT,
-                              "%s: %llu requests already in flight, and %zu "
+                              "%s%s%s: %llu requests already in flight, and %zu "
                               "more would pass this client's max_in_flight "
-                              "of %llu; nothing was sent", what,
+                              "of %llu; nothing was sent", op,
+                              address ? " at " : "_many", address ? address : "",
                               (unsigned long long)now, n,
                               (unsigned long long)max);
 }

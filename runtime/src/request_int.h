@@ -236,9 +236,11 @@ void ctl_client_log(const ctl_client *c, const char *fmt, ...) CTL_PRINTF(2, 3);
  * logged (CTL_LOG_LEFT_OUT_FMT). */
 void ctl_client_log_limited(ctl_client *c, ctl_cause kind, const char *line);
 
-/* Reserve room for `n` more requests in flight (max_in_flight). 0, or
- * CTL_TRANSFER / CTL_CAUSE_LIMIT with `err` set (naming `what`). */
-int ctl_client_reserve(ctl_client *c, size_t n, const char *what, ctl_error *err);
+/* Reserve room for `n` more requests in flight (max_in_flight) for a call
+ * of `op` at `address` (NULL: a fan-out, <op>_many). 0, or CTL_TRANSFER /
+ * CTL_CAUSE_LIMIT with `err` set, naming the op and the address. */
+int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
+                       ctl_error *err);
 void ctl_client_unreserve(ctl_client *c, size_t n);
 
 #endif /* CTLRPC_REQUEST_INT_H */

@@ -114,17 +114,13 @@ def listing(a: argparse.Namespace, etcd: Any) -> Any:
         try:
             got = _dir.list_units(etcd, a.service, a.namespace)
             break
-        except EtcdUnreachable as e:
+        except EtcdError as e:
             wait = backoff.next()
-            if time.monotonic() + wait >= until:
+            if not isinstance(e, EtcdUnreachable) or time.monotonic() + wait >= until:
                 fail = etcd_failure(e)
                 fail.msg = f"service '{a.service}' (namespace {a.namespace}): {fail.msg}"
                 raise fail from None
             time.sleep(wait)
-        except EtcdError as e:
-            fail = etcd_failure(e)
-            fail.msg = f"service '{a.service}' (namespace {a.namespace}): {fail.msg}"
-            raise fail from None
     if got.first_bad is not None:
         key, why = got.first_bad
         sys.stderr.write(f"{caller.PROG}: skipped {got.skipped} value(s) under "

@@ -504,19 +504,10 @@ def _args_repeated(data: bytes, args: Dict[Any, Any]) -> Optional[str]:
     to say of it ("arg key: given twice", as the C unit says); else None. A decoded dict keeps
     the last of a repeated key: its size against the map's declared one tells."""
     pos = _read_array_of(data, 0, 3)
-    for _ in range(2):  # the op, the id
-        if pos < 0 or pos >= len(data):
-            return None
-        b = data[pos]
-        if 0xA0 <= b <= 0xBF:
-            pos += 1 + (b & 0x1F)
-        elif b == 0xD9 and pos + 1 < len(data):
-            pos += 2 + data[pos + 1]
-        elif b in (0xDA, 0xDB):
-            w = 2 if b == 0xDA else 4
-            pos += 1 + w + int.from_bytes(data[pos + 1:pos + 1 + w], "big")
-        else:
-            return None
+    if pos < 0:
+        return None
+    _, pos = _read_str(data, pos)  # the op
+    _, pos = _read_str(data, pos)  # the id
     if pos >= len(data):
         return None
     b = data[pos]

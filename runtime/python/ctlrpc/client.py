@@ -58,7 +58,7 @@ import zmq
 
 from . import _loglimit, _threads, _wire, curve, errors, net
 from .net import ZMQ_EVENTS, ZMQ_NOBLOCK, ZMQ_POLLIN, ZMQ_RCVMORE
-from .retry import NO_RETRY, RetryPolicy
+from .retry import NO_RETRY, RetryPolicy, seconds
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_LATE_GRACE = 1.0
@@ -628,13 +628,6 @@ def _address_stats(counters: Mapping[str, int], errs: Mapping[str, int],
                 retries_by_cause=dict(by_cause))
 
 
-def _seconds(name: str, v: Any) -> float:
-    """A timeout in seconds: a finite number >= 0 (ValueError naming it otherwise)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-        raise ValueError(f"{name} {v!r} is not a number of seconds >= 0")
-    return float(v)
-
-
 class _Pending:
     """One request of a call or a fan-out, through its attempts."""
 
@@ -710,7 +703,7 @@ class _Engine:
         self.retry = retry
         self._now = retry.now_fn()
         self._retry_sleep = self._sleeper(retry)
-        timeout = _seconds("client: timeout", timeout)
+        timeout = seconds("client: timeout", timeout)
         if max_msg_bytes <= 0:
             raise ValueError(f"client: max_msg_bytes {max_msg_bytes} is not positive")
         if not idle_timeout > 0:
@@ -792,7 +785,7 @@ class _Engine:
     def _timeout(self, timeout: Optional[float]) -> float:
         if timeout is None:
             return self.timeout
-        return _seconds("timeout", timeout)
+        return seconds("timeout", timeout)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -33,6 +33,14 @@ DEFAULT_BUDGET_TOKENS = 10
 DEFAULT_BUDGET_RATIO = 0.1
 
 
+def seconds(name: str, v: Any) -> float:
+    """A time in seconds, `name`d in the message when it is not a finite number >= 0
+    (ValueError): timeouts, backoffs."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise ValueError(f"{name} {v!r} is not a number of seconds >= 0")
+    return float(v)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How a client retries a failed call (off by default: max_attempts 1).
@@ -78,10 +86,7 @@ class RetryPolicy:
                 or self.max_attempts < 0:
             raise bad(f"max_attempts {self.max_attempts!r} is not a whole number >= 0")
         for name in ("initial_backoff", "max_backoff"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 \
-                    or v == float("inf"):
-                raise bad(f"{name} {v!r} is not a number of seconds >= 0")
+            seconds(f"RetryPolicy: {name}", getattr(self, name))
         if self.max_backoff < self.initial_backoff:
             raise bad(f"max_backoff {self.max_backoff!r} is below initial_backoff "
                       f"{self.initial_backoff!r}")
@@ -99,12 +104,8 @@ class RetryPolicy:
         if not isinstance(self.budget_ratio, (int, float)) or isinstance(self.budget_ratio, bool) \
                 or not 0.0 <= self.budget_ratio <= 1e6:
             raise bad(f"budget_ratio {self.budget_ratio!r} is not between 0 and 1000000")
-        if self.attempt_timeout is not None and (
-                not isinstance(self.attempt_timeout, (int, float)) or
-                isinstance(self.attempt_timeout, bool) or not self.attempt_timeout >= 0 or
-                self.attempt_timeout == float("inf")):
-            raise bad(f"attempt_timeout {self.attempt_timeout!r} is not a number of seconds "
-                      f">= 0")
+        if self.attempt_timeout is not None:
+            seconds("RetryPolicy: attempt_timeout", self.attempt_timeout)
         for name in ("clock", "sleep"):
             v = getattr(self, name)
             if v is not None and not callable(v):
