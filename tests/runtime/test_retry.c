@@ -35,6 +35,8 @@ typedef struct unit {
     ctl_server *server;
     char endpoint[CTL_ENDPOINT_MAX];
     atomic_int runs;
+    pthread_mutex_t mu;
+    char ids[4][CTL_ID_LEN + 1]; /* the request ids of flaky's first runs */
 } unit;
 
 static int64_t get_int(const msgpack_object *args, const char *key, int64_t dflt)
@@ -63,6 +65,12 @@ static int op_flaky(void *user, const msgpack_object *args, ctl_req *req)
 {
     unit *u = user;
     int run = atomic_fetch_add(&u->runs, 1) + 1;
+    if (run <= 4) {
+        ctl_str id = ctl_req_id(req);
+        pthread_mutex_lock(&u->mu);
+        snprintf(u->ids[run - 1], sizeof u->ids[0], "%.*s", (int)id.len, id.ptr);
+        pthread_mutex_unlock(&u->mu);
+    }
     char kind[32], reason[32];
     get_str(args, "kind", kind, sizeof kind);
     get_str(args, "reason", reason, sizeof reason);
@@ -122,6 +130,8 @@ static void unit_start_at(unit *u, const char *endpoint)
     ctl_server_options_init(&o);
     o.endpoint = endpoint ? endpoint : "tcp://127.0.0.1:*";
     atomic_init(&u->runs, 0);
+    pthread_mutex_init(&u->mu, NULL);
+    memset(u->ids, 0, sizeof u->ids);
     assert_int_equal(ctl_server_new(&unit_service, u, &o, &u->server, &err), 0);
     snprintf(u->endpoint, sizeof u->endpoint, "%s",
              ctl_server_endpoint(u->server));
@@ -136,6 +146,7 @@ static void unit_start(unit *u)
 static void unit_stop(unit *u)
 {
     ctl_server_destroy(&u->server);
+    pthread_mutex_destroy(&u->mu);
 }
 
 /* ---- the client -------------------------------------------------------- */
@@ -370,6 +381,12 @@ static void test_busy(void **state)
     assert_int_equal(s.retries, 2);
     assert_int_equal(s.retries_busy, 2);
     assert_int_equal(s.calls, 3);
+    /* Every attempt carried the call's one request id. */
+    pthread_mutex_lock(&u.mu);
+    assert_int_equal(strlen(u.ids[0]), CTL_ID_LEN);
+    assert_string_equal(u.ids[1], u.ids[0]);
+    assert_string_equal(u.ids[2], u.ids[0]);
+    pthread_mutex_unlock(&u.mu);
 
     /* Out of attempts: the last Busy, its reason, and the count. */
     atomic_store(&u.runs, 0);

@@ -661,8 +661,8 @@ class _Pending:
         self.ever_left = False  # some attempt was handed to a connection (it may have run)
 
     def again(self) -> None:
-        """Ready for another attempt."""
-        self.sock, self.pooled, self.id, self.data = None, False, "", None
+        """Ready for another attempt (with the same id: see _prepare)."""
+        self.sock, self.pooled, self.data = None, False, None
         self.unsent = self.dirty = self.done = self.settled = self.ok = False
         self.result, self.error, self.retry_at, self.attempt_end = None, None, None, None
 
@@ -865,7 +865,8 @@ class _Engine:
         self._lend(p, op)
         if p.done:
             return None
-        p.id = self._new_id(p.deadline_wall)
+        if not p.id:  # every attempt of a call carries its one id
+            p.id = self._new_id(p.deadline_wall)
         head, args = p.request
         return head + _wire.pack(p.id) + args
 
