@@ -151,6 +151,19 @@ class Fleet(unittest.TestCase):
         status, _, err = caller("units", "--etcd", self.etcd.url, "--service", "a/b")
         self.assertEqual(status, 2)
         self.assertIn("--service 'a/b'", err)
+        # units reads etcd and calls no unit: the calling options are not its own.
+        for opt in (["--address", "tcp://127.0.0.1:1"], ["--retries", "2"], ["--idl", "x.idl"],
+                    ["--curve-server-key", "k.pub"]):
+            status, _, err = caller("units", "--etcd", self.etcd.url, "--service", "storage",
+                                    *opt)
+            self.assertEqual(status, 2, (opt, err))
+            self.assertIn(f"unrecognized argument '{opt[0]}'", err)
+        status, out, _ = caller("units", "--help")
+        self.assertEqual(status, 0)
+        for opt in ("--etcd", "--service", "--namespace", "--timeout", "--json"):
+            self.assertIn(opt, out)
+        for opt in ("--address", "--idl", "--retries", "--retry-busy", "--curve"):
+            self.assertNotIn(opt, out)
         env["CTLRPC_ETCD_PASSWORD"] = ""
         env.pop("CTLRPC_ETCD_PASSWORD")
         status, _, err = caller("units", "--etcd", self.etcd.url, "--service", "storage",

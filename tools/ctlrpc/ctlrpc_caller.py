@@ -965,14 +965,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def arguments() -> _Parser:
+    def timeout_option(parser: argparse.ArgumentParser, what: str) -> None:
+        parser.add_argument("--timeout", "-t", type=parse_timeout, default=DEFAULT_TIMEOUT_S,
+                            metavar="T", help=f"deadline of {what}: 2.5, 500ms, 3s (default 5s)")
+
+    # The options of every command that calls units ...
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--address", "-a", action="append", metavar="ADDR",
                         help="a unit's tcp://host:port; repeat for several (fan-out)")
     common.add_argument("--idl", metavar="FILE",
                         help="the service's IDL (default: fetched from the unit with _describe)")
-    common.add_argument("--timeout", "-t", type=parse_timeout, default=DEFAULT_TIMEOUT_S,
-                        metavar="T", help="deadline of each call or fan-out: 2.5, 500ms, 3s "
-                        "(default 5s)")
+    timeout_option(common, "each call or fan-out")
     common.add_argument("--retries", type=parse_retries, default=0, metavar="N",
                         help="retry a failed call up to N times within its deadline, with "
                         "backoff: a refused connection for any op; a timeout or a connection "
@@ -984,6 +987,10 @@ def arguments() -> _Parser:
     common.add_argument("--curve-key", "--curve-secret", dest="curve_key", metavar="FILE",
                         help="this client's secret key, for units with an allowlist")
     fleet.add_arguments(common)
+    # ... and of one that only reads the fleet's etcd (units).
+    base = argparse.ArgumentParser(add_help=False)
+    timeout_option(base, "the listing (etcd unanswered is retried for about 1s within it)")
+    fleet.add_arguments(base)
     p = _Parser(prog=PROG, description="Call any ctlrpc unit, C or Python, by its IDL.",
                 epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"{PROG} {ctlrpc.__version__}")
@@ -1011,7 +1018,7 @@ def arguments() -> _Parser:
                    help="print the Prometheus text exposition format")
     k = sub.add_parser("keygen", help="write a CURVE key pair: PREFIX.key, PREFIX.pub")
     k.add_argument("words", nargs="*", metavar="PREFIX")
-    fleet.add_commands(sub, common)
+    fleet.add_commands(sub, common, base)
     return p
 
 

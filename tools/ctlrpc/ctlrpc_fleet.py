@@ -52,11 +52,16 @@ def add_arguments(common: argparse.ArgumentParser) -> None:
                    help="etcd user; the password comes from $CTLRPC_ETCD_PASSWORD")
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    u = sub.add_parser("units", parents=[common],
+def add_commands(sub: Any, common: argparse.ArgumentParser,
+                 base: argparse.ArgumentParser) -> None:
+    """`units` (which only reads etcd: `base`'s options, --timeout and the fleet's) and
+    `exporter` (which calls the units: `common`'s)."""
+    u = sub.add_parser("units", parents=[base],
                        help="the membership of a service in etcd: --etcd URL --service NAME")
     u.add_argument("words", nargs="*", metavar="", help=argparse.SUPPRESS)
     u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(address=None, idl=None, retries=0, retry_busy=False, curve_server_key=None,
+                   curve_key=None)
     x = sub.add_parser("exporter", parents=[common],
                        help="serve Prometheus metrics of every unit of a service at /metrics")
     x.add_argument("words", nargs="*", metavar="", help=argparse.SUPPRESS)
