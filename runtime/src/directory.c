@@ -606,7 +606,13 @@ static void verify_history(ctl_directory *d)
         failed(d, &err); /* unreachable: the loop retries */
         d->watch_drop = true;
     }
-    if (!same && (rc == 0 || err.cause == CTL_CAUSE_REMOTE)) {
+    if (!same && rc != 0 && err.cause == CTL_CAUSE_REMOTE && err.msg &&
+        strstr(err.msg, "compacted")) {
+        /* etcd no longer keeps that revision: nothing to compare with. */
+        ctl_log(CTL_LOG_INFO, LOG_WHO, "%s: revision %" PRId64 " was compacted: listing "
+                "again", d->service, d->verify_rev);
+        d->need_list = true;
+    } else if (!same && (rc == 0 || err.cause == CTL_CAUSE_REMOTE)) {
         ctl_log(CTL_LOG_WARN, LOG_WHO, "%s: etcd's history at revision %" PRId64 " is not "
                 "the one this directory saw (a new data directory?): listing again",
                 d->service, d->verify_rev);
@@ -852,7 +858,10 @@ static void *dir_main(void *arg)
                 ctl_error_transfer(&err, CTL_CAUSE_TRANSPORT,
                                    "directory %s: the watch stream from etcd %s ended: %s",
                                    d->service, ctl_etcd_endpoints(d->etcd),
-                                   cc == CURLE_OK ? "closed by etcd" : curl_easy_strerror(cc));
+                                   cc == CURLE_OK ? "closed by etcd"
+                                   : cc == CURLE_PARTIAL_FILE
+                                       ? "the connection closed mid-stream (etcd stopped?)"
+                                       : curl_easy_strerror(cc));
                 failed(d, &err);
                 ctl_error_fini(&err);
                 rotate = true;
