@@ -72,7 +72,7 @@ install(FILES "${PROJECT_BINARY_DIR}/install/ctlrpcConfig.cmake"
 # only at install time (`cmake --install build --prefix P` overrides the
 # configured one), so it is written then; DESTDIR (the packages) is
 # honoured by file(INSTALL).
-set(CTLRPC_PC_REQUIRES_PRIVATE "libzmq msgpack")
+set(CTLRPC_PC_REQUIRES_PRIVATE "libzmq")
 if(CTLRPC_WITH_ETCD)
   string(APPEND CTLRPC_PC_REQUIRES_PRIVATE " libcurl jansson")
 endif()
