@@ -42,6 +42,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 PROG = "ctl-storage-unit.py"
@@ -520,7 +521,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                     type=_size_arg("--max-connections", False, most=2 ** 32 - 1,
                                    what="a count from 0 to 4294967295"),
                     help="refuse connections beyond N open at once, during their handshake "
-                         "(logged, counted; default: the open-file limit less 64; 0: no cap)")
+                         "(logged, counted; default: the open-file limit less 64, less a quarter at 256 "
+                         "or below; 0: no cap)")
     ap.add_argument("--max-connections-per-address", metavar="N", default=0,
                     type=_size_arg("--max-connections-per-address", most=2 ** 32 - 1,
                                    what="a count from 1 to 4294967295"),
@@ -622,18 +624,43 @@ def reload_allowlist(server: Any, allow_file: Optional[str]) -> None:
                 "already admitted stay)", allow_file, n)
 
 
+class _LogFormat(logging.Formatter):
+    """The C unit's log lines: `2025-01-31T09:15:02.417Z warn component: message`, the time in
+    UTC with milliseconds, the level as the C runtime names it (OPERATIONS.md, "Logs")."""
+
+    LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(level)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: Optional[str] = None) -> str:
+        return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) +
+                ".%03dZ" % min(999, int(record.msecs)))
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.level = self.LEVELS.get(record.levelname, record.levelname.lower())
+        return super().format(record)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     level = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO,
              "debug": logging.DEBUG}[args.log_level]
-    logging.basicConfig(stream=sys.stderr, level=level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormat())
+    logging.basicConfig(level=level, handlers=[handler])
     try:
         storage_ctl = _import_modules(args.module_dir)
     except ImportError as e:
-        print(f"{PROG}: cannot import the generated module storage_ctl or the runtime ctlrpc "
-              f"({e}): generate it with `ctlrpc-gen --lang python idl/storage.idl -o DIR` and "
-              "pass --module-dir DIR, with runtime/python on PYTHONPATH", file=sys.stderr)
+        if e.name in ("zmq", "msgpack"):
+            print(f"{PROG}: this Python ({sys.executable}) has no {e.name}: run the unit with "
+                  "a python3 that has pyzmq and msgpack (Debian: python3-zmq python3-msgpack, "
+                  "for /usr/bin/python3)", file=sys.stderr)
+        else:
+            print(f"{PROG}: cannot import the generated module storage_ctl or the runtime "
+                  f"ctlrpc ({e}): generate it with `ctlrpc-gen --lang python idl/storage.idl -o "
+                  "DIR` and pass --module-dir DIR, with runtime/python on PYTHONPATH",
+                  file=sys.stderr)
         return 1
     import ctlrpc
 

@@ -790,10 +790,12 @@ class CallerMisc(unittest.TestCase):
         for flags, words in (
                 # "=": a key's text may begin with "-"
                 (["--curve-server-key", unit + ".pub", "--curve-key=" + secret_text],
-                 "--curve-key takes a key file (PREFIX.key), not the key's text: a secret on "
-                 "the command line is visible to every local user"),
+                 "--curve-key: a key's text was given where a key file is wanted: give the file "
+                 "(PREFIX.key); a secret on the command line is visible to every local user, "
+                 "make a new key pair"),
                 (["--curve-server-key=" + public_text],
-                 "--curve-server-key takes a key file (PREFIX.pub), not the key's text"),
+                 "--curve-server-key: a key's text was given where a key file is wanted: give "
+                 "the file (PREFIX.pub)"),
                 (["--curve-server-key", unit + ".pub", "--curve-key", client + ".pub"],
                  "key file %s.pub: this is a public key; pass the .key file" % client),
                 (["--curve-server-key", unit + ".key"],
@@ -813,8 +815,12 @@ class CallerMisc(unittest.TestCase):
         r = caller("health", old.address)
         self.assertEqual(r.status, 6, r.err)
         self.assertIn("does not answer the built-in op _health", r.out)
+        self.assertEqual(r.out.count(old.address), 1, r.out)  # the row's address, once
         r = caller("stats", old.address)
         self.assertIn("does not answer the built-in op _stats", r.out)
+        self.assertEqual(r.out.count(old.address), 1, r.out)
+        r = caller("stats", "--prometheus", old.address)
+        self.assertEqual(r.err.count(old.address), 1, r.err)
         r = caller("call", old.address, "put", "key=k", "data=v", "--idl", IDL)
         self.assertEqual((r.status, r.out.strip()), (0, "1"), r.err)
         r = caller("call", old.address, "get", 'keys=["k"]', "--idl", IDL)

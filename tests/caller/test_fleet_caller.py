@@ -158,6 +158,10 @@ class Fleet(unittest.TestCase):
                                     *opt)
             self.assertEqual(status, 2, (opt, err))
             self.assertIn(f"unrecognized argument '{opt[0]}'", err)
+        status, _, err = caller("exporter", "--etcd", self.etcd.url, "--service", "storage",
+                                "--address", "tcp://127.0.0.1:1")
+        self.assertEqual(status, 2, err)
+        self.assertIn("unrecognized argument '--address'", err)
         status, out, _ = caller("units", "--help")
         self.assertEqual(status, 0)
         for opt in ("--etcd", "--service", "--namespace", "--timeout", "--json"):

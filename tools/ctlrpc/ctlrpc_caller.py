@@ -749,6 +749,12 @@ def first_status(rows: Sequence[Tuple[str, Any, Optional[Fail]]]) -> int:
     return 0
 
 
+def row_msg(addr: str, f: Fail) -> str:
+    """A unit's failure on its row, after its address: the message without that address again
+    at its start (builtin_failure's messages begin with it, to stand alone)."""
+    return f.msg[len(addr) + 2:] if f.msg.startswith(f"{addr}: ") else f.msg
+
+
 def fail_json(f: Fail) -> Dict[str, Any]:
     return {"status": f.status, "msg": f.msg}
 
@@ -764,7 +770,7 @@ def cmd_health(a: argparse.Namespace, client: ctlrpc.Client) -> int:
     for addr, h, f in rows:
         if h is None:
             assert f is not None
-            out(f"{addr:<28} {f.msg}")
+            out(f"{addr:<28} {row_msg(addr, f)}")
             continue
         out(f"{addr:<28} {str(h.get('status')):<9} {float(h.get('uptime_s', 0)):>10.1f} "
             f"{h.get('in_flight', 0):>9}  {h.get('service', '')} ({h.get('version', '')})")
@@ -792,14 +798,14 @@ def cmd_stats(a: argparse.Namespace, client: ctlrpc.Client) -> int:
         # A unit that did not answer is ctlrpc_unit_up 0; why is said here, as stats says it.
         for addr, _, f in rows:
             if f is not None:
-                sys.stderr.write(f"{PROG}: {addr}: {f.msg}\n")
+                sys.stderr.write(f"{PROG}: {addr}: {row_msg(addr, f)}\n")
         return first_status(rows)
     for n, (addr, s, f) in enumerate(rows):
         if n:
             out("")
         if s is None:
             assert f is not None
-            out(f"{addr}: {f.msg}")
+            out(f"{addr}: {row_msg(addr, f)}")
             continue
         t = s.get("totals", {})
         out(f"{addr}  service {s.get('service', '')}  uptime {float(s.get('uptime_s', 0)):.1f} s"
@@ -931,12 +937,15 @@ def key_file(path: Optional[str], secret: bool) -> Optional[str]:
     /proc/PID/cmdline for every local user to read)."""
     if path is None:
         return None
-    flag, ext = ("--curve-key", ".key") if secret else ("--curve-server-key", ".pub")
-    if curve.key_valid(path) and not os.path.exists(path):
-        raise usage(f"{flag} takes a key file (PREFIX{ext}), not the key's text"
-                    + (": a secret on the command line is visible to every local user"
-                       if secret else ", as ctl-storage's does"))
-    return curve.read_key(path, secret)
+    try:
+        return curve.read_key(path, secret)
+    except ValueError as e:
+        # The shared words (OPERATIONS.md, "Key files"); a key's text, which they do not echo,
+        # after the flag it was given to.
+        msg = str(e)
+        if msg.startswith("a key's text"):
+            msg = f"{'--curve-key' if secret else '--curve-server-key'}: {msg}"
+        raise usage(msg) from None
 
 
 def parse_retries(text: str) -> int:
@@ -969,24 +978,33 @@ def arguments() -> _Parser:
         parser.add_argument("--timeout", "-t", type=parse_timeout, default=DEFAULT_TIMEOUT_S,
                             metavar="T", help=f"deadline of {what}: 2.5, 500ms, 3s (default 5s)")
 
-    # The options of every command that calls units ...
+    def calling_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--retries", type=parse_retries, default=0, metavar="N",
+                            help="retry a failed call up to N times within its deadline, with "
+                            "backoff: a refused connection for any op; a timeout or a "
+                            "connection lost mid-call only for an op the IDL declares "
+                            "idempotent (default 0)")
+        parser.add_argument("--retry-busy", action="store_true",
+                            help="with --retries, retry Busy too (not Busy \"draining\")")
+        parser.add_argument("--curve-server-key", metavar="FILE",
+                            help="talk CURVE to units with this public key")
+        parser.add_argument("--curve-key", "--curve-secret", dest="curve_key", metavar="FILE",
+                            help="this client's secret key, for units with an allowlist")
+
+    # The options of every command that calls the units it is given ...
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--address", "-a", action="append", metavar="ADDR",
                         help="a unit's tcp://host:port; repeat for several (fan-out)")
     common.add_argument("--idl", metavar="FILE",
                         help="the service's IDL (default: fetched from the unit with _describe)")
     timeout_option(common, "each call or fan-out")
-    common.add_argument("--retries", type=parse_retries, default=0, metavar="N",
-                        help="retry a failed call up to N times within its deadline, with "
-                        "backoff: a refused connection for any op; a timeout or a connection "
-                        "lost mid-call only for an op the IDL declares idempotent (default 0)")
-    common.add_argument("--retry-busy", action="store_true",
-                        help="with --retries, retry Busy too (not Busy \"draining\")")
-    common.add_argument("--curve-server-key", metavar="FILE",
-                        help="talk CURVE to units with this public key")
-    common.add_argument("--curve-key", "--curve-secret", dest="curve_key", metavar="FILE",
-                        help="this client's secret key, for units with an allowlist")
+    calling_options(common)
     fleet.add_arguments(common)
+    # ... of one that calls every unit of a service (exporter) ...
+    calling = argparse.ArgumentParser(add_help=False)
+    timeout_option(calling, "each scrape's fan-out")
+    calling_options(calling)
+    fleet.add_arguments(calling)
     # ... and of one that only reads the fleet's etcd (units).
     base = argparse.ArgumentParser(add_help=False)
     timeout_option(base, "the listing (etcd unanswered is retried for about 1s within it)")
@@ -1018,7 +1036,7 @@ def arguments() -> _Parser:
                    help="print the Prometheus text exposition format")
     k = sub.add_parser("keygen", help="write a CURVE key pair: PREFIX.key, PREFIX.pub")
     k.add_argument("words", nargs="*", metavar="PREFIX")
-    fleet.add_commands(sub, common, base)
+    fleet.add_commands(sub, calling, base)
     return p
 
 

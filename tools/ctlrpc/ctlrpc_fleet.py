@@ -52,22 +52,24 @@ def add_arguments(common: argparse.ArgumentParser) -> None:
                    help="etcd user; the password comes from $CTLRPC_ETCD_PASSWORD")
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser,
+def add_commands(sub: Any, calling: argparse.ArgumentParser,
                  base: argparse.ArgumentParser) -> None:
     """`units` (which only reads etcd: `base`'s options, --timeout and the fleet's) and
-    `exporter` (which calls the units: `common`'s)."""
+    `exporter` (which calls every unit of the service: `calling`'s, without --address and
+    --idl)."""
     u = sub.add_parser("units", parents=[base],
                        help="the membership of a service in etcd: --etcd URL --service NAME")
     u.add_argument("words", nargs="*", metavar="", help=argparse.SUPPRESS)
     u.add_argument("--json", action="store_true", help="print JSON")
     u.set_defaults(address=None, idl=None, retries=0, retry_busy=False, curve_server_key=None,
                    curve_key=None)
-    x = sub.add_parser("exporter", parents=[common],
+    x = sub.add_parser("exporter", parents=[calling],
                        help="serve Prometheus metrics of every unit of a service at /metrics")
     x.add_argument("words", nargs="*", metavar="", help=argparse.SUPPRESS)
     x.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:9464",
                    help="where to serve /metrics (default 127.0.0.1:9464; port 0 picks one; "
                         "the first line of stdout is the URL)")
+    x.set_defaults(address=None, idl=None)
 
 
 def wanted(a: argparse.Namespace) -> bool:
