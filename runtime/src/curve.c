@@ -616,7 +616,7 @@ static int serve_zap_one(zap_handler *h)
 {
     enum { MAX_FRAMES = 8 };
     zmq_msg_t f[MAX_FRAMES];
-    int n = ctl_recv_message(h->sock, f, MAX_FRAMES, ZMQ_DONTWAIT);
+    int n = ctl_recv_message(h->sock, f, MAX_FRAMES, ZMQ_DONTWAIT, NULL);
     if (n < 0)
         return -1;
     int kept = n < MAX_FRAMES ? n : MAX_FRAMES;

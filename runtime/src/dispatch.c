@@ -5,9 +5,11 @@
  * The protocol's rules for a received message are all here, in order:
  * framing ([identity, payload] or [identity, "", payload], anything else
  * dropped and counted), the envelope (no usable op and id: dropped and
- * counted; usable id: answered), the op (unknown: a Protocol error naming
- * it), the args (bad: a Protocol error, unless the op is a notify, which is
- * never answered), the handler under the lock, and the reply. The
+ * counted; usable id: answered), a deadline passed (skipped), an unknown
+ * op with the empty id of a notify (dropped), draining (Busy), the op
+ * (unknown: a Protocol error naming it), the args (bad: a Protocol error,
+ * unless the op is a notify, which is never answered: dropped), the handler
+ * under the lock, and the reply. The
  * built-in ops (_describe, _health, _stats: builtin.c) are answered here
  * too, without the lock and even while draining.
  *
@@ -512,7 +514,8 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     d->cur = NULL;
     d->reply_len = 0;
     atomic_store_explicit(&d->in_flight, 1, memory_order_relaxed);
-    bump(&d->counters.bytes_in, in->payload_len);
+    /* Every frame after the identity, of a dropped message too. */
+    bump(&d->counters.bytes_in, in->delimiter_len + in->payload_len + in->discarded_len);
     reply_clear(d);
     *delimited = in->frames == 3 && in->delimiter_len == 0;
     if (in->frames < 2 || in->frames > 3 || (in->frames == 3 && !*delimited)) {
@@ -542,6 +545,12 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     /* Before anything else is done for it: its caller waits no more. */
     if (expired(d, rq.id, rq.op))
         return CTL_DISPATCH_SILENT;
+    if (!op && rq.id.len == 0)
+        /* The empty id is a notify's (PROTOCOL.md): of an op newer than
+         * this unit. A notify gets nothing back, not even an error (nor
+         * Busy while draining): its client reads no reply, and one would
+         * come to its next call. */
+        return dropped(d, "a notify of an op this unit does not know");
     if (d->draining) {
         ctl_error err;
         if (op && (op->flags & CTL_OP_NOREPLY)) {
@@ -571,11 +580,6 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         ctl_error_fini(&err);
         return verdict(d);
     }
-    if (!op && rq.id.len == 0)
-        /* The empty id is a notify's (PROTOCOL.md): of an op newer than
-         * this unit. A notify gets nothing back, not even an error: its
-         * client reads no reply, and one would come to its next call. */
-        return dropped(d, "a notify of an op this unit does not know");
     if (!op)
         return refuse(d, rq.id, "unknown op '%s' (service %s)",
                       ctl_show(shown, sizeof shown, rq.op), d->service->name);
@@ -604,7 +608,15 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     pthread_mutex_unlock(d->lock);
 
     if (noreply) {
-        if (rc != 0) {
+        if (rc != 0 && req.bad_args) {
+            /* Its args would not decode: dropped, as an undecodable args
+             * map is above. */
+            bump(&d->cur->dropped, 1);
+            if (ctl_log_enabled(CTL_LOG_DEBUG))
+                ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a notify of '%s': %s",
+                        d->who ? d->who : "unit", op->name,
+                        req.err.msg ? req.err.msg : "bad args");
+        } else if (rc != 0) {
             if (!req.failed)
                 ctl_error_set(&req.err, CTL_PROTOCOL, "op '%s' failed", op->name);
             count_error(d, &req.err);

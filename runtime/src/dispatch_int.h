@@ -48,9 +48,10 @@ struct ctl_hold {
 typedef struct ctl_inbound {
     size_t frames;        /* frames in the message, identity included;
                              more than 3 means "too many" */
-    size_t delimiter_len; /* with 3 frames: the size of the middle one */
-    const void *payload;  /* the last frame's bytes */
+    size_t delimiter_len; /* with 3 frames or more: the size of the second */
+    const void *payload;  /* the last frame's bytes (of the first 3) */
     size_t payload_len;
+    size_t discarded_len; /* the bytes of frames after the first 3 */
     /* Keep `len` payload bytes from `off` past the handler (ctl_req_hold).
      * NULL: the hold copies them. */
     ctl_hold *(*hold)(void *msg, size_t off, size_t len);
@@ -188,6 +189,7 @@ struct ctl_req {
     msgpack_packer pk;
     ctl_error err;
     bool failed;
+    bool bad_args; /* the failure is the args' (a notify's is dropped) */
 };
 
 /*

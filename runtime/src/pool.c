@@ -745,7 +745,7 @@ static void drain_monitor(ctl_conn *conn)
     for (;;) {
         zmq_msg_t frame;
         /* [event u16 + value u32, endpoint] */
-        int n = ctl_recv_message(conn->mon, &frame, 1, ZMQ_DONTWAIT);
+        int n = ctl_recv_message(conn->mon, &frame, 1, ZMQ_DONTWAIT, NULL);
         if (n < 0)
             break;
         if (zmq_msg_size(&frame) >= 6) {

@@ -510,7 +510,7 @@ int ctl_rq_recv(ctl_client *c, ctl_rq *p, int flags)
     const char *op = p->op;
     ctl_error *err = p->err;
     zmq_msg_t msg;
-    int frames = ctl_recv_message(p->conn->sock, &msg, 1, flags);
+    int frames = ctl_recv_message(p->conn->sock, &msg, 1, flags, NULL);
     if (frames < 0) {
         int e = zmq_errno();
         if (e == EAGAIN || e == EINTR)

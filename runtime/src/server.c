@@ -270,14 +270,16 @@ static void send_reply(ctl_server *s, zmq_msg_t *identity, bool delimited)
 static int serve_one(ctl_server *s, int flags)
 {
     zmq_msg_t frames[3];
-    int n = ctl_recv_message(s->router, frames, 3, flags);
+    size_t discarded;
+    int n = ctl_recv_message(s->router, frames, 3, flags, &discarded);
     if (n < 0)
         return -1;
     int kept = n < 3 ? n : 3;
     held_msg hm = {.msg = &frames[kept - 1]};
     ctl_inbound in = {
         .frames = (size_t)n,
-        .delimiter_len = n == 3 ? zmq_msg_size(&frames[1]) : 0,
+        .delimiter_len = n >= 3 ? zmq_msg_size(&frames[1]) : 0,
+        .discarded_len = discarded,
         .payload = n >= 2 ? zmq_msg_data(&frames[kept - 1]) : NULL,
         .payload_len = n >= 2 ? zmq_msg_size(&frames[kept - 1]) : 0,
         .hold = hold_msg,
@@ -658,7 +660,7 @@ static bool read_events(ctl_server *s, int most)
         if (!(events & ZMQ_POLLIN))
             return false;
         zmq_msg_t f[2];
-        int n = ctl_recv_message(s->monitor, f, 2, ZMQ_DONTWAIT);
+        int n = ctl_recv_message(s->monitor, f, 2, ZMQ_DONTWAIT, NULL);
         if (n < 0) {
             if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
                 r->done = true;

@@ -252,6 +252,7 @@ static int fail_args(ctl_req *req, const ctl_dec *d)
     /* "arg tree.label", not "arg .tree.label"; a cut path keeps its "...". */
     if (*where == '.' && !d->cut)
         where++;
+    req->bad_args = true;
     if (*where)
         return ctl_req_fail(req, CTL_PROTOCOL, "op '%s': arg %s: %s", shown,
                             where, ctl_dec_what(d));

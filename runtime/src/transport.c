@@ -6,9 +6,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags)
+int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags, size_t *discarded)
 {
     int n = 0, more = 1;
+    if (discarded)
+        *discarded = 0;
     while (more) {
         zmq_msg_t scratch;
         zmq_msg_t *m = n < max ? &frames[n] : &scratch;
@@ -21,8 +23,11 @@ int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags)
             return -1;
         }
         more = zmq_msg_more(m);
-        if (n >= max)
+        if (n >= max) {
+            if (discarded)
+                *discarded += zmq_msg_size(m);
             zmq_msg_close(m);
+        }
         n++;
     }
     return n;

@@ -17,12 +17,12 @@
  * `flags` (0 blocks up to the socket's ZMQ_RCVTIMEO, ZMQ_DONTWAIT does
  * not). Its first `max` frames land in frames[0..max) (initialised here);
  * further frames are read and discarded, so the socket is always left at a
- * message boundary. Returns the number of frames the message had (which
- * may exceed `max`; close min(n, max) of them with ctl_frames_close), or
- * -1 with nothing to close when no message could be read (zmq_errno():
- * EAGAIN, EINTR, ETERM, ...).
+ * message boundary (their bytes in *discarded, when not NULL). Returns the
+ * number of frames the message had (which may exceed `max`; close
+ * min(n, max) of them with ctl_frames_close), or -1 with nothing to close
+ * when no message could be read (zmq_errno(): EAGAIN, EINTR, ETERM, ...).
  */
-int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags);
+int ctl_recv_message(void *sock, zmq_msg_t *frames, int max, int flags, size_t *discarded);
 
 /* Close the first `n` frames. */
 void ctl_frames_close(zmq_msg_t *frames, int n);

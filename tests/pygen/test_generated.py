@@ -243,6 +243,29 @@ class Generated(unittest.TestCase):
         self.assertEqual(self.client.remembered(self.addr).get("n1"), 9)
         self.assertNotIn("boom", self.client.remembered(self.addr))
 
+    def test_notify_bad_args_dropped(self) -> None:
+        """A notify whose args do not fit the op's (sent untyped: the generated client would
+        refuse them) is dropped and counted in its op's `dropped`, as in C; a failing handler
+        is counted as an error."""
+        logging.getLogger("ctlrpc").setLevel(logging.CRITICAL)  # the failing notify is logged
+
+        def counts() -> Any:
+            op = self.server.op_stats()["ops"]["remember"]
+            return op["dropped"], sum(op["errors"].values())
+
+        dropped, errs = counts()
+        raw = ctlrpc.Client(timeout=10.0)
+        try:
+            raw.notify(self.addr, "remember", {"key": 5, "value": 1})  # key: a str
+            raw.notify(self.addr, "remember", {"key": "k", "nope": 1})
+            raw.notify(self.addr, "remember", {"key": "boom"})
+            deadline = time.monotonic() + 5
+            while counts() != (dropped + 2, errs + 1) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            raw.close()
+        self.assertEqual(counts(), (dropped + 2, errs + 1))
+
     def test_defaults_applied_on_the_unit(self) -> None:
         got = self.client.rpc.call(self.addr, "describe", {})
         self.assertEqual(got, self.unit.describe(

@@ -13,6 +13,9 @@ import os
 import time
 import unittest
 
+import msgpack
+import zmq
+
 import ctlrpc
 
 import support
@@ -79,6 +82,36 @@ class TestOps(UnitCase):
         self.assertEqual((mine["calls"], mine["notifies"], mine["timeouts"]), (10, 3, 0))
         self.assertEqual((mine["sockets_opened"], mine["sockets_retired"]), (1, 0))
         self.assertIn(self.unit.address, self.c.stats())
+
+
+class TestFrames(UnitCase):
+
+    def test_bytes_in_every_frame(self):
+        """`bytes_in` counts every frame after the identity, of a dropped message too: the
+        frames past the third included (as the Python unit does)."""
+        def totals():
+            return self.call("_stats")["totals"]
+
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(self.unit.address)
+        try:
+            good = msgpack.packb(["_health", "x1", {}])
+            s.send(good)
+            self.assertTrue(s.poll(10000))
+            s.recv_multipart()
+            before = totals()
+            s.send_multipart([b"", b"abc", b"defgh", good])  # 5 frames at the unit: dropped
+            support.wait_for(lambda: totals()["dropped"] == before["dropped"] + 1,
+                             "the message to be dropped")
+            after = totals()
+            # The _stats calls made meanwhile are counted too: each [op, a 26-byte id, {}].
+            calls = after["requests"] - before["requests"]
+            one = len(msgpack.packb(["_stats", "0" * 26, {}]))
+            self.assertEqual(after["bytes_in"] - before["bytes_in"],
+                             3 + 5 + len(good) + calls * one)
+        finally:
+            s.close()
 
 
 class TestErrors(UnitCase):

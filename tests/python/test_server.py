@@ -314,6 +314,13 @@ class TestMalformed(ServerCase):
         self.nothing(s)
         support.wait_for(lambda: self.server.stats()["dropped"] == len(dropped) + 2,
                          "the drops to be counted")
+        # bytes_in: every frame after the identity, of dropped messages too (as in C).
+        sent = sum(map(len, dropped)) + 1 + 2 * len(good)
+        self.assertEqual(self.server.stats()["bytes_in"], sent)
+        s.send_multipart([b"", b"abc", b"defgh", good])  # 5 frames at the unit
+        support.wait_for(lambda: self.server.stats()["dropped"] == len(dropped) + 3,
+                         "the 5-frame message to be dropped")
+        self.assertEqual(self.server.stats()["bytes_in"], sent + 8 + len(good))
         s.send_multipart([b"", good])
         self.assertEqual(self.recv(s), [b"", pack(["id", True, 1])])
         self.assertEqual(self.server.stats()["requests"], 1)
@@ -510,6 +517,11 @@ class TestDrain(ServerCase):
         t0 = time.monotonic()
         d.start()
         support.wait_for(lambda: s._draining, "the drain to begin")  # the handler still runs
+        # A notify of an op this unit does not know (the empty id) is dropped, not answered
+        # Busy: the reply would come to its client's next call.
+        raw = self.raw(server=s)
+        raw.send(pack(["newer", "", {}]))
+        self.nothing(raw)
         # A request that reaches the unit while it drains is answered Busy "draining".
         other = ctlrpc.Client(timeout=CALL_S)
         try:

@@ -691,7 +691,8 @@ static void test_notify_never_answered(void **state)
 
 /* A draining core serves nothing: every request (a known op, an unknown
  * one) is answered Busy "draining", notifies are dropped, handlers never
- * run. */
+ * run. A notify of an op it does not know (the empty id) is dropped, as
+ * when it is not draining: a Busy would come to its client's next call. */
 static void test_draining_answers_busy(void **state)
 {
     fx *f = *state;
@@ -708,6 +709,34 @@ static void test_draining_answers_busy(void **state)
     assert_int_equal(f->d.out.size, 0);
     assert_int_equal(f->st.notes, 0);
     assert_int_equal(counter(&f->d.counters.requests), 3);
+    assert_int_equal(counter(&f->d.counters.dropped), 0);
+    tu_buf_reset(&f->args);
+    pack_req(f, "newer", LIT(""));
+    assert_int_equal(serve(f), CTL_DISPATCH_DROPPED);
+    assert_int_equal(f->d.out.size, 0);
+    assert_int_equal(counter(&f->d.counters.dropped), 1);
+}
+
+/* bytes_in counts every frame after the identity, of a dropped message
+ * too: a non-empty middle frame, and frames past the third. */
+static void test_bytes_in_every_frame(void **state)
+{
+    fx *f = *state;
+    bool delimited;
+    pack_req(f, "whoami", LIT(ID));
+    size_t len = f->req.sb.size;
+    assert_int_equal(serve(f), CTL_DISPATCH_REPLY);
+    assert_int_equal(counter(&f->d.counters.bytes_in), len);
+    assert_int_equal(serve_framed(f, 3, 0, &delimited), CTL_DISPATCH_REPLY);
+    assert_int_equal(counter(&f->d.counters.bytes_in), 2 * len);
+    assert_int_equal(serve_framed(f, 3, 5, &delimited), CTL_DISPATCH_DROPPED);
+    assert_int_equal(counter(&f->d.counters.bytes_in), 3 * len + 5);
+    ctl_inbound in = {.frames = 5, .delimiter_len = 2, .payload = f->req.sb.data,
+                      .payload_len = len, .discarded_len = 11};
+    ctl_dispatch_done(&f->d);
+    assert_int_equal(ctl_dispatch_message(&f->d, &in, &delimited), CTL_DISPATCH_DROPPED);
+    assert_int_equal(counter(&f->d.counters.bytes_in), 4 * len + 5 + 2 + 11);
+    assert_int_equal(counter(&f->d.counters.dropped), 2);
 }
 
 /* ---- handler failures -------------------------------------------------- */
@@ -1104,6 +1133,7 @@ int main(void)
         T(test_limits_applied),
         T(test_notify_never_answered),
         T(test_draining_answers_busy),
+        T(test_bytes_in_every_frame),
         T(test_bare_failure_is_generic_protocol),
         T(test_partial_result_discarded),
         T(test_fail_error_kinds),

@@ -2883,7 +2883,22 @@ static void test_core_hostile_args_bytes(void **state)
     assert_int_equal(atomic_load(&f->st.pokes), 0);
 }
 
-/* A notify with bad args is dropped without an answer or a handler call. */
+/* Op `name`'s counters in dispatch core `d`. */
+static ctl_op_stats core_op_stats(const ctl_dispatch *d, const char *name)
+{
+    ctl_op_stats os = {0};
+    for (size_t i = 0; i < ctl_dispatch_op_count(d); i++) {
+        ctl_dispatch_op_stats(d, i, &os);
+        if (strcmp(os.name, name) == 0)
+            return os;
+    }
+    fail_msg("no op '%s'", name);
+    return os;
+}
+
+/* A notify with bad args is dropped without an answer or a handler call,
+ * and counted in its op's `dropped`, not as an error; a notify whose
+ * handler fails is counted as an error. */
 static void test_core_bad_notify(void **state)
 {
     fx *f = *state;
@@ -2911,6 +2926,14 @@ static void test_core_bad_notify(void **state)
     assert_int_equal(core_call(f, "forget"), CTL_DISPATCH_SILENT);
     assert_int_equal(f->core.out.size, 0);
     assert_int_equal(atomic_load(&f->st.forgets), 1);
+    ctl_op_stats forget = core_op_stats(&f->core, "forget");
+    assert_int_equal(forget.calls, 2);
+    assert_int_equal(forget.dropped, 1);
+    assert_int_equal(forget.errors, 1);
+    ctl_op_stats poke = core_op_stats(&f->core, "poke");
+    assert_int_equal(poke.calls, 1);
+    assert_int_equal(poke.dropped, 1);
+    assert_int_equal(poke.errors, 0);
 
     /* Then a call is answered: [id, true, nil], exactly. */
     tu_buf_reset(b);

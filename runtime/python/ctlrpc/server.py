@@ -287,8 +287,9 @@ class Dispatch:
         that the peer has not read. Never raises."""
         self.cur = None
         self._t0 = time.perf_counter_ns()
+        # Every frame after the identity, of a dropped message too.
         if frames:
-            self.counters["bytes_in"] += len(frames[-1])
+            self.counters["bytes_in"] += sum(map(len, frames)) - len(frames[0])
         try:
             return self._handle(frames, len(frames) if count is None else count, unread)
         except Exception:  # a bug here must not end the serving thread
@@ -322,6 +323,12 @@ class Dispatch:
             return None
         handler = self.handlers.get(rq.op)
         noreply = rq.op in self.notify
+        if (handler is None or cur is None) and rq.id == "":
+            # The empty id is a notify's (docs/PROTOCOL.md): of an op newer than this unit. A
+            # notify gets nothing back, not even an error (nor Busy while draining): its client
+            # reads no reply.
+            self.counters["dropped"] += 1
+            return None
         if self.draining:
             if handler is not None and noreply:
                 if cur is not None:
@@ -341,11 +348,6 @@ class Dispatch:
                 rq.id, "Busy", f"op '{rq.op}': {unread} bytes of replies to this connection are "
                 f"unread (max_queued_reply_bytes {self.max_queued_reply_bytes}): read them, "
                 "then retry", reason="replies_unread")]
-        if (handler is None or cur is None) and rq.id == "":
-            # The empty id is a notify's (docs/PROTOCOL.md): of an op newer than this unit. A
-            # notify gets nothing back, not even an error: its client reads no reply.
-            self.counters["dropped"] += 1
-            return None
         if handler is None or cur is None:
             service = f" (service {self.name})" if self.name else ""
             return head + [self._refuse(rq.id, f"unknown op '{_wire.show(rq.op)}'{service}")]
@@ -373,7 +375,12 @@ class Dispatch:
             except Exception as e:
                 failure = e
         if noreply:
-            if failure is not None:
+            if failure is not None and getattr(failure, "bad_args", False):
+                # Its args would not decode (a generated op's check): dropped, as an args map
+                # that does not decode is above.
+                cur.dropped += 1
+                log.debug("ctlrpc server: dropped a notify of '%s': %s", rq.op, failure)
+            elif failure is not None:
                 if not isinstance(failure, errors.Error):
                     log.error("ctlrpc server: notify op '%s' failed", rq.op, exc_info=failure)
                 cur.count_error(_failure_kind(failure))
@@ -759,7 +766,8 @@ class Server:
         except BaseException:
             self._close_sockets()
             raise
-        self._partial: Optional[Tuple[List[bytes], int]] = None  # a message read in part
+        # A message read in part: its first frames, their count, the bytes of those past 3.
+        self._partial: Optional[Tuple[List[bytes], int, int]] = None
         self._stopping = False
         self._draining = False
         self._drain_deadline = 0.0
@@ -1017,23 +1025,28 @@ class Server:
         try:
             if self._partial is None:
                 frames = [recv(zmq.NOBLOCK)]
-                count = 1
+                count, discarded = 1, 0
             else:
-                frames, count = self._partial
+                frames, count, discarded = self._partial
                 self._partial = None
             turn = 0
             while more(zmq.RCVMORE):
                 if turn == FRAMES_PER_TURN:
-                    self._partial = (frames, count)  # go on after a look at the pipe and ZAP
+                    # go on after a look at the pipe and ZAP
+                    self._partial = (frames, count, discarded)
                     return True
                 frame = recv()
                 count += 1
                 turn += 1
                 if count <= 3:
                     frames.append(frame)
+                else:
+                    discarded += len(frame)
         except zmq.ZMQError:
             return False  # nothing there (EAGAIN), or the socket is gone
         if count > 3:
+            # Every frame after the identity counts in bytes_in, as in handle().
+            self._core.counters["bytes_in"] += sum(map(len, frames)) - len(frames[0]) + discarded
             self._core.counters["dropped"] += 1
             log.debug("ctlrpc server %s: dropped a message of %d frames (a request has 2 or 3)",
                       self.endpoint, count)
