@@ -151,6 +151,7 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
     if (!out)
         return ctl_error_set(err, CTL_INVALID, "client: out is NULL");
     *out = NULL;
+    ctl_error_clear(err); /* success leaves nothing behind */
     ctl_client *c = calloc(1, sizeof *c);
     if (!c)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "client: out of memory");
@@ -174,6 +175,12 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
     }
     if (c->opts.idle_timeout_ms == 0)
         c->opts.idle_timeout_ms = CTL_DEFAULT_IDLE_TIMEOUT_MS;
+    if (c->opts.late_grace_ms < 0) {
+        int bad = c->opts.late_grace_ms;
+        free(c);
+        return ctl_error_set(err, CTL_INVALID,
+                             "client: late_grace_ms %d is negative", bad);
+    }
     int bad_retry = retry_policy(&c->opts.retry, err);
     if (bad_retry != 0) {
         free(c);
@@ -561,6 +568,17 @@ int ctl_client_notify(ctl_client *client, const char *address, const char *op,
                              "notify %s at %s: args is NULL but args_len is %zu",
                              op ? op : "(null op)",
                              address ? address : "(null address)", args_len);
+    if (args_len) {
+        /* A unit drops a notify whose args are no map, and says nothing:
+         * said here instead. */
+        unsigned char b = *(const unsigned char *)args;
+        if (!(b >= 0x80 && b <= 0x8f) && b != 0xde && b != 0xdf)
+            return ctl_error_set(err, CTL_INVALID,
+                                 "notify %s at %s: args are not a msgpack map (their "
+                                 "first byte is 0x%02x); nothing was sent",
+                                 op ? op : "(null op)",
+                                 address ? address : "(null address)", b);
+    }
     ctl_frame_begin(&req, ctl_str_c(op), 0);
     ctl_frame_args(&req, args, args_len);
     return ctl_client_notify_req(client, address, op, &req, err);

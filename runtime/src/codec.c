@@ -338,11 +338,15 @@ const char *ctl_obj_type_name(const msgpack_object *o)
 
 int ctl_pack_str(msgpack_packer *pk, ctl_str s)
 {
+    if (!s.ptr && s.len)
+        return -1; /* nothing to copy from */
     return msgpack_pack_str_with_body(pk, s.ptr, s.len) == 0 ? 0 : -1;
 }
 
 int ctl_pack_bin(msgpack_packer *pk, ctl_str b)
 {
+    if (!b.ptr && b.len)
+        return -1;
     return msgpack_pack_bin_with_body(pk, b.ptr, b.len) == 0 ? 0 : -1;
 }
 

@@ -360,6 +360,12 @@ int ctl_curve_write_keypair(const char *prefix, ctl_error *err)
 {
     char pub[CTL_CURVE_KEY_BUF], sec[CTL_CURVE_KEY_BUF];
     char path[4096], text[128];
+    size_t plen = prefix ? strlen(prefix) : 0;
+    if (!plen || prefix[plen - 1] == '/')
+        return ctl_error_set(err, CTL_INVALID,
+                             "key file prefix '%s' names no file: give PREFIX (PREFIX.key "
+                             "and PREFIX.pub are written), e.g. keys/unit",
+                             prefix ? prefix : "(null)");
     int rc = ctl_curve_keypair(pub, sec, err);
     if (rc)
         return rc;

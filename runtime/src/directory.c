@@ -923,7 +923,11 @@ int ctl_directory_new(const char *service, const ctl_directory_options *opts,
                              "A-Z a-z 0-9 . _ - (not starting with '.')", ns,
                              CTL_DIRECTORY_NAME_MAX);
     if (opts->start_timeout_ms < 0 || opts->check_interval_ms < 0)
-        return ctl_error_set(err, CTL_INVALID, "directory %s: negative timeout", service);
+        return ctl_error_set(err, CTL_INVALID, "directory %s: %s %d is negative", service,
+                             opts->start_timeout_ms < 0 ? "start_timeout_ms"
+                                                        : "check_interval_ms",
+                             opts->start_timeout_ms < 0 ? opts->start_timeout_ms
+                                                        : opts->check_interval_ms);
     ctl_directory *d = calloc(1, sizeof *d);
     if (!d)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM, "directory: out of memory");

@@ -485,8 +485,11 @@ int ctl_server_register(ctl_server *server, const ctl_register_options *opts,
     const char *address = opts->advertise ? opts->advertise : ctl_server_endpoint(server);
     ctl_endpoint ep;
     int rc = ctl_endpoint_parse(address, &ep, err);
-    if (rc)
+    if (rc) {
+        if (err) /* (a setter may take its own message) */
+            ctl_error_set(err, CTL_INVALID, "registration: advertise: %s", err->msg);
         return rc;
+    }
     if (wildcard_host(ep.host) || ep.any_port)
         return ctl_error_set(err, CTL_INVALID,
                              "registration: '%s' is not an address other hosts can dial: "

@@ -25,6 +25,7 @@ void ctl_frame_begin(ctl_frame *f, ctl_str op, size_t id_len)
     msgpack_packer pk;
     msgpack_sbuffer_init(&f->sb);
     f->seg = (ctl_seg){0};
+    f->invalid = NULL;
     /* Without it, the first write tries msgpack's own first buffer. */
     if ((f->sb.data = malloc(FRAME_FIRST_ALLOC)) != NULL)
         f->sb.alloc = FRAME_FIRST_ALLOC;
@@ -114,6 +115,8 @@ int ctl_frame_take(ctl_frame *f, ctl_payload *p)
 
 void ctl_frame_fini(ctl_frame *f)
 {
+    free(f->invalid);
+    f->invalid = NULL;
     ctl_seg_drop(&f->seg);
     ctl_bigbuf_give(f->sb.data, f->sb.alloc);
     msgpack_sbuffer_init(&f->sb);

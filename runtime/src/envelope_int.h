@@ -61,7 +61,9 @@ typedef struct ctl_frame {
     ctl_seg seg;        /* a large bin carried by reference (lend_int.h) */
     size_t id_off;      /* where the id's bytes go */
     size_t id_len;      /* the id's length, fixed by begin */
-    bool failed;        /* packing ran out of memory */
+    bool failed;        /* packing failed: out of memory, or `invalid` */
+    char *invalid;      /* args that cannot be packed (a NULL with a
+                           length), said naming the arg: heap text, or NULL */
 } ctl_frame;
 
 /* Start [op, <id_len bytes of id> ; the args map comes next. */

@@ -102,12 +102,14 @@ static int valid_hostname(const char *h, size_t n)
         if (!isalnum(c) && c != '-' && c != '.' && c != '_')
             return 0;
     }
-    return h[0] != '-' && h[0] != '.';
+    /* ZeroMQ's own rule: it refuses '_bad-host' when it dials. */
+    return isalnum((unsigned char)h[0]);
 }
 
 int ctl_endpoint_parse(const char *text, ctl_endpoint *out, ctl_error *err)
 {
     static const char scheme[] = "tcp://";
+    ctl_error_clear(err); /* success leaves nothing behind */
     if (!text || !*text)
         return ctl_error_set(err, CTL_INVALID, "endpoint is empty");
     if (!out)
@@ -149,7 +151,8 @@ int ctl_endpoint_parse(const char *text, ctl_endpoint *out, ctl_error *err)
     } else if (!(hlen == 1 && host[0] == '*') && !valid_hostname(host, hlen)) {
         return ctl_error_set(err, CTL_INVALID,
                              "endpoint '%s': host '%.*s' is not a hostname or "
-                             "IPv4 address", text, (int)hlen, host);
+                             "IPv4 address (a hostname starts with a letter or a digit, "
+                             "then letters, digits, '-', '.' or '_')", text, (int)hlen, host);
     }
     memcpy(out->host, host, hlen);
     out->host[hlen] = '\0';

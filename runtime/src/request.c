@@ -102,6 +102,12 @@ int ctl_client_refuse(ctl_client *c, const ctl_frame *req,
                           const char *address, const char *op, int timeout_ms,
                           ctl_addr **addr, ctl_error *err)
 {
+    if (req->invalid)
+        return ctl_error_set(err, CTL_INVALID, "%s at %s: %s; nothing was sent", op,
+                             address, req->invalid);
+    if (!*op)
+        return ctl_error_set(err, CTL_INVALID, "a call at %s names no op (an empty op "
+                             "name); nothing was sent", address);
     if (req->failed)
         return ctl_error_transfer(err, CTL_CAUSE_NOMEM,
                                   "%s at %s: out of memory packing the "

@@ -910,6 +910,7 @@ int ctl_server_new(const ctl_service *service, void *user,
     if (!out)
         return ctl_error_set(err, CTL_INVALID, "server: out is NULL");
     *out = NULL;
+    ctl_error_clear(err); /* success leaves nothing behind */
     if ((rc = bind_address(opts, addr, sizeof addr, err)) != 0)
         return rc;
 
@@ -973,6 +974,13 @@ int ctl_server_new(const ctl_service *service, void *user,
     ctl_endpoint bep;
     int v6 = ctl_endpoint_parse(addr, &bep, NULL) == 0 && ctl_endpoint_needs_ipv6(&bep);
     zmq_setsockopt(s->router, ZMQ_IPV6, &v6, sizeof v6);
+    if (opts && !opts->curve_secret_key && opts->curve_allow_count) {
+        /* An allowlist without CURVE would admit every peer. */
+        free_server(s);
+        return ctl_error_set(err, CTL_INVALID,
+                             "server %s: curve_allow needs curve_secret_key (an allowlist "
+                             "is of CURVE clients)", addr);
+    }
     if (opts && opts->curve_secret_key &&
         (rc = setup_curve(s, opts, addr, err)) != 0) {
         free_server(s);
@@ -1048,6 +1056,7 @@ int ctl_server_set_allowlist(ctl_server *server, const char *const *keys, size_t
     /* The unit's own secret key is told by its public key: the server keeps
      * no copy of the secret. */
     char pub[CTL_CURVE_KEY_BUF];
+    ctl_error_clear(err); /* success leaves nothing behind */
     for (size_t i = 0; server->curve_public[0] && keys && i < count; i++)
         if (keys[i] && ctl_curve_key_valid(keys[i]) &&
             ctl_curve_public_of(keys[i], pub, NULL) == 0 &&

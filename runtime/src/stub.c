@@ -20,6 +20,7 @@
 #include "dispatch_int.h"
 #include "engine_int.h"
 #include "request_int.h"
+#include "typed_int.h"
 #include "util_int.h"
 
 /* ---- client side ----------------------------------------------------- */
@@ -35,6 +36,8 @@ static void frame_request(ctl_frame *f, const ctl_op_desc *op, bool notify,
     ctl_frame_packer(f, &pk);
     ctl_frame_packed(f, op->args ? ctl_type_pack(&pk, op->args, args)
                                  : msgpack_pack_map(&pk, 0));
+    if (f->failed && op->args)
+        f->invalid = ctl_type_invalid(op->args, args); /* NULL: out of memory */
 }
 
 static void *reply_alloc(void *owner, size_t size)

@@ -13,13 +13,14 @@
  * written here with memcpy as `const void *`, which has the same
  * representation on every platform ctlrpc supports.
  */
-#include "ctlrpc/gen.h"
+#include "typed_int.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util_int.h"
@@ -246,6 +247,78 @@ static int pack_record(msgpack_packer *pk, const ctl_type *t, const void *v)
             return -1;
     }
     return 0;
+}
+
+/* What in value `v` of type `t` cannot be packed, or NULL; its path from
+ * `v` in path[0..] ("keys[2]", "tree.label"), path[n..] being where this
+ * level's goes (of `cap` bytes, cut when longer). */
+static const char *invalid_in(const ctl_type *t, const void *v, char *path, size_t cap,
+                              size_t n)
+{
+    switch (t->kind) {
+    case CTL_TYPE_STR:
+    case CTL_TYPE_BIN: {
+        ctl_str s;
+        memcpy(&s, v, sizeof s);
+        return !s.ptr && s.len ? "its ptr is NULL but its len is not 0" : NULL;
+    }
+    case CTL_TYPE_LIST:
+    case CTL_TYPE_MAP: {
+        seq s = load_seq(v);
+        bool map = t->kind == CTL_TYPE_MAP;
+        if (s.count && !s.items)
+            return "its items are NULL but its count is not 0";
+        if (s.count > UINT32_MAX)
+            return "it has more than 4294967295 items";
+        for (size_t i = 0; i < s.count; i++) {
+            const char *item = at(s.items, i * t->elem_size);
+            int w = snprintf(path + n, cap - n, "[%zu]", i);
+            size_t m = w < 0 ? n : n + ((size_t)w < cap - n ? (size_t)w : cap - n - 1);
+            const char *why = map ? invalid_in(&ctl_type_str, item, path, cap, m) : NULL;
+            if (why)
+                return "its key's ptr is NULL but its len is not 0";
+            if ((why = invalid_in(t->elem, map ? item + t->value_offset : item, path, cap,
+                                  m)) != NULL)
+                return why;
+        }
+        path[n] = '\0';
+        return NULL;
+    }
+    case CTL_TYPE_OPTIONAL:
+        if (t->by_pointer) {
+            const void *p = load_ptr(v);
+            return p ? invalid_in(t->elem, p, path, cap, n) : NULL;
+        }
+        return *(const bool *)v ? invalid_in(t->elem, at(v, t->value_offset), path, cap, n)
+                                : NULL;
+    case CTL_TYPE_RECORD:
+        for (size_t i = 0; i < t->field_count; i++) {
+            const ctl_field *f = &t->fields[i];
+            int w = snprintf(path + n, cap - n, "%s%.*s", n ? "." : "", (int)f->name_len,
+                             f->name);
+            size_t m = w < 0 ? n : n + ((size_t)w < cap - n ? (size_t)w : cap - n - 1);
+            const char *why = invalid_in(f->type, at(v, f->offset), path, cap, m);
+            if (why)
+                return why;
+        }
+        path[n] = '\0';
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+char *ctl_type_invalid(const ctl_type *t, const void *v)
+{
+    char path[160] = "";
+    const char *why = t && v ? invalid_in(t, v, path, sizeof path, 0) : NULL;
+    if (!why)
+        return NULL;
+    size_t len = strlen(path) + strlen(why) + 16;
+    char *text = malloc(len);
+    if (text)
+        snprintf(text, len, "arg %s: %s", *path ? path : "?", why);
+    return text;
 }
 
 int ctl_type_pack(msgpack_packer *pk, const ctl_type *t, const void *v)

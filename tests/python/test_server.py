@@ -747,6 +747,102 @@ class TestBounds(ServerCase):
             srv.close()
 
 
+class TestMisuse(unittest.TestCase):
+    """A caller's mistakes: each a TypeError or ValueError naming what is at fault, before
+    anything is sent or started (nothing left open, nothing hangs)."""
+
+    def test_client_options(self):
+        for kw, says in ((dict(late_grace="x"), "late_grace"),
+                         (dict(late_grace=float("nan")), "late_grace"),
+                         (dict(late_grace=-1), "late_grace"),
+                         (dict(idle_timeout="x"), "idle_timeout"),
+                         (dict(max_msg_bytes="x"), "max_msg_bytes"),
+                         (dict(max_msg_bytes=2 ** 63), "max_msg_bytes"),
+                         (dict(max_idle_per_address="x"), "max_idle_per_address"),
+                         (dict(context="x"), "context"),
+                         (dict(curve_server_key=5), "curve_server_key"),
+                         (dict(curve_server_key="short"), "curve_server_key")):
+            with self.assertRaises((TypeError, ValueError), msg=kw) as cm:
+                ctlrpc.Client(**kw)
+            self.assertIn(says, str(cm.exception), kw)
+        self.assertIn("neither a 40-character Z85 key nor a key file",
+                      str(self._raised(lambda: ctlrpc.Client(curve_server_key="short"))))
+        with self.assertRaises(TypeError):
+            ctlrpc.RetryPolicy(transparent="no")
+
+    @staticmethod
+    def _raised(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (the test looks at it)
+            return e
+        raise AssertionError("nothing raised")
+
+    def test_calls(self):
+        c = ctlrpc.Client(timeout=1.0)
+        try:
+            for address in (4000, b"tcp://127.0.0.1:1", None):
+                with self.assertRaises(TypeError) as cm:
+                    c.call(address, "echo")
+                self.assertIn("endpoint must be a str", str(cm.exception))
+            with self.assertRaises(ValueError) as cm:
+                c.call("tcp://_bad-host:4000", "echo")
+            self.assertIn("starts with a letter or a digit", str(cm.exception))
+            for targets in (None, "abc", [("tcp://127.0.0.1:1",)]):
+                with self.assertRaises(TypeError) as cm:
+                    c.call_many("echo", targets)
+                self.assertIn("call_many echo", str(cm.exception))
+            # The longest endpoint is C's: 299 bytes (a 253-byte host name fits).
+            from ctlrpc import net
+            self.assertEqual(net.parse_endpoint("tcp://" + "a" * 253 + ":4000").port, 4000)
+            with self.assertRaises(ValueError) as cm:
+                c.call("tcp://" + "a" * 300 + ":4000", "echo")
+            self.assertIn("longer than 299 bytes", str(cm.exception))
+        finally:
+            c.close()
+
+    def test_server_arguments(self):
+        for args, kw, says in (((None,), {}, "handlers must be a mapping"),
+                               (({"h": lambda a: 1}, 5), {}, "endpoint must be a str"),
+                               (({"h": lambda a: 1},), {"notify": "h"}, "not one str"),
+                               (({"h": lambda a: 1},), {"lock": 5}, "lock must be a lock")):
+            with self.assertRaises(TypeError, msg=says) as cm:
+                ctlrpc.Server(*args, **kw)
+            self.assertIn(says, str(cm.exception))
+
+    def test_keygen_prefix(self):
+        with self.assertRaises(ValueError) as cm:
+            ctlrpc.curve.keygen("")
+        self.assertIn("names no file", str(cm.exception))
+        with self.assertRaises(TypeError):
+            ctlrpc.curve.keygen(None)
+
+    def test_registration_arguments(self):
+        from ctlrpc import directory
+        s = ctlrpc.Server({"h": lambda a: 1}, "tcp://127.0.0.1:0", name="svc")
+        etcd = "http://127.0.0.1:1"  # never reached: the arguments are refused first
+        try:
+            for kw, says in ((dict(advertise="tcp://x"), "registration: advertise"),
+                             (dict(advertise="tcp://!!:1"), "registration: advertise"),
+                             (dict(advertise="tcp://127.0.0.1:*"), "wildcard"),
+                             (dict(lease_ttl=100000), "out of range (2 to 86400 s)")):
+                with self.assertRaises(ValueError, msg=kw) as cm:
+                    s.register(etcd, **kw)
+                self.assertIn(says, str(cm.exception), kw)
+        finally:
+            s.close()
+        with self.assertRaises(ValueError) as cm:
+            s.register(etcd, advertise="tcp://127.0.0.1:4000")
+        self.assertIn("is closed", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            ctlrpc.Etcd("http://127.0.0.1:1,,http://127.0.0.1:2")
+        self.assertIn("empty etcd endpoint", str(cm.exception))
+        ctlrpc.Etcd("http://127.0.0.1:1,")  # a trailing comma, as in C
+        with self.assertRaises(ValueError) as cm:
+            directory.Directory(etcd, "svc", start_timeout=-1)
+        self.assertIn("start_timeout", str(cm.exception))
+
+
 class TestWireUnits(unittest.TestCase):
     """The pieces the rest rely on, checked alone."""
 

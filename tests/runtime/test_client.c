@@ -1366,7 +1366,8 @@ static void test_invalid_addresses(void **state)
 {
     fx *f = *state;
     const char *bad[] = {"", "localhost", "udp://127.0.0.1:5555", "tcp://127.0.0.1",
-                         "tcp://127.0.0.1:99999", "tcp://:80", "inproc://unit"};
+                         "tcp://127.0.0.1:99999", "tcp://:80", "inproc://unit",
+                         "tcp://_bad-host:4000"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int64_t t0 = tu_now_ms();
         int rc = call(f, bad[i], "echo", CALL_MS);
@@ -1417,6 +1418,52 @@ static void test_null_arguments(void **state)
     assert_int_equal(ctl_client_new(NULL, NULL, &f->err), CTL_INVALID);
     assert_int_equal(atomic_load(&f->unit.calls), 0);
     assert_int_equal(atomic_load(&f->unit.notes), 0);
+}
+
+/* Caller mistakes that would reach a unit as nothing it can answer: an
+ * empty op name, a notify whose args are no map (the unit would drop it
+ * unanswered). Refused here, nothing sent; a success leaves no stale
+ * error behind. */
+static void test_empty_op_and_notify_args_not_a_map(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(ctl_client_call(f->client, f->unit.endpoint, "", NULL, 0, CALL_MS,
+                                     &f->reply, &f->err),
+                     CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "names no op"));
+    assert_int_equal(ctl_client_notify(f->client, f->unit.endpoint, "", NULL, 0, &f->err),
+                     CTL_INVALID);
+    static const unsigned char five[] = {0x05}, bad[] = {0xc1}, list[] = {0x91, 0x01};
+    assert_int_equal(ctl_client_notify(f->client, f->unit.endpoint, "note", five, 1, &f->err),
+                     CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "args are not a msgpack map (their first byte is 0x05)"));
+    assert_int_equal(ctl_client_notify(f->client, f->unit.endpoint, "note", bad, 1, &f->err),
+                     CTL_INVALID);
+    assert_int_equal(ctl_client_notify(f->client, f->unit.endpoint, "note", list, 2, &f->err),
+                     CTL_INVALID);
+    assert_int_equal(atomic_load(&f->unit.notes), 0);
+    ctl_client_stats st;
+    ctl_client_stats_get(f->client, &st);
+    assert_int_equal(st.notifies, 0);
+
+    /* Options: a negative late_grace_ms is refused naming it; a client
+     * made after a failure holds no error. */
+    ctl_client_options o;
+    ctl_client_options_init(&o);
+    o.late_grace_ms = -1;
+    ctl_client *c = NULL;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "late_grace_ms -1"));
+    assert_null(c);
+    o.late_grace_ms = 0;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    assert_int_equal(f->err.kind, CTL_OK);
+    assert_null(f->err.msg);
+    ctl_client_destroy(&c);
+    ctl_endpoint ep;
+    ctl_error_set(&f->err, CTL_INVALID, "stale");
+    assert_int_equal(ctl_endpoint_parse("tcp://127.0.0.1:1", &ep, &f->err), 0);
+    assert_int_equal(f->err.kind, CTL_OK);
 }
 
 /* A NULL args pointer with a non-zero length is a caller bug, not an
@@ -1575,6 +1622,7 @@ int main(void)
         T(test_invalid_addresses),
         T(test_any_port_address_invalid),
         T(test_null_arguments),
+        T(test_empty_op_and_notify_args_not_a_map),
         T(test_null_args_with_length),
         T(test_destroy_null_and_twice),
         T(test_destroy_is_prompt_with_retired_sockets),

@@ -187,6 +187,13 @@ static void test_bad_keys_refused(void **state)
                      CTL_INVALID);
     assert_non_null(strstr(f->err.msg, "allowed client key #0"));
     assert_null(s);
+    /* An allowlist without a secret key would admit every peer: refused. */
+    allow[0] = f->alice_pub;
+    so.curve_secret_key = NULL;
+    assert_int_equal(ctl_server_new(&(ctl_service){.name = "x"}, NULL, &so, &s, &f->err),
+                     CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "curve_allow needs curve_secret_key"));
+    assert_null(s);
 
     ctl_client_options_init(&co);
     co.curve_server_key = "0123456789";
@@ -219,6 +226,14 @@ static void test_key_files(void **state)
     /* Never overwritten. */
     assert_int_equal(ctl_curve_write_keypair(prefix, &f->err), CTL_INVALID);
     assert_non_null(strstr(f->err.msg, "unit.key"));
+    /* A prefix that names no file: refused, nothing written. */
+    assert_int_equal(ctl_curve_write_keypair(NULL, &f->err), CTL_INVALID);
+    assert_non_null(strstr(f->err.msg, "names no file"));
+    assert_int_equal(ctl_curve_write_keypair("", &f->err), CTL_INVALID);
+    snprintf(path, sizeof path, "%s/", f->dir);
+    assert_int_equal(ctl_curve_write_keypair(path, &f->err), CTL_INVALID);
+    snprintf(path, sizeof path, "%s/.key", f->dir);
+    assert_int_not_equal(stat(path, &st), 0);
 
     /* A secret key readable by others is refused, naming file and mode. */
     snprintf(path, sizeof path, "%s.key", prefix);

@@ -1827,6 +1827,42 @@ static void test_stub_invalid_use(void **state)
     rc = everything_forget(f->client, f->addr, NULL, &f->err);
     assert_int_equal(rc, CTL_INVALID);
 
+    /* A str, bin or list whose pointer is NULL but whose length is not:
+     * refused naming the arg, nothing sent (never a copy from NULL). */
+    everything_find_args fa = EVERYTHING_FIND_ARGS_INIT;
+    fa.name = (ctl_str){NULL, 5};
+    const everything_Node *node = NULL;
+    rc = everything_find(f->client, f->addr, &fa, CALL_MS, &node, &f->reply, &f->err);
+    assert_int_equal(rc, CTL_INVALID);
+    expect_substr(f->err.msg, "find at ");
+    expect_substr(f->err.msg, "arg name: its ptr is NULL but its len is not 0; nothing was sent");
+    everything_size_args sa = {.data = {NULL, 7}};
+    uint64_t size = 0;
+    rc = everything_size(f->client, f->addr, &sa, CALL_MS, &size, &f->err);
+    assert_int_equal(rc, CTL_INVALID);
+    expect_substr(f->err.msg, "arg data: its ptr is NULL");
+    ctl_str names[2] = {{"a", 1}, {NULL, 3}};
+    everything_forget_args ga = EVERYTHING_FORGET_ARGS_INIT;
+    ga.names.items = NULL;
+    ga.names.count = 2;
+    rc = everything_forget(f->client, f->addr, &ga, &f->err);
+    assert_int_equal(rc, CTL_INVALID);
+    expect_substr(f->err.msg, "arg names: its items are NULL but its count is not 0");
+    ga.names.items = names;
+    rc = everything_forget(f->client, f->addr, &ga, &f->err);
+    assert_int_equal(rc, CTL_INVALID);
+    expect_substr(f->err.msg, "arg names[1]: its ptr is NULL but its len is not 0");
+    /* In a fan-out, the target whose args are bad fails alone. */
+    const char *two[2] = {f->addr, f->addr};
+    everything_size_args sas[2] = {{.data = {"ok", 2}}, {.data = {NULL, 1}}};
+    everything_size_outcome so[2];
+    assert_int_equal(everything_size_many(f->client, two, sas, 2, CALL_MS, so), 1);
+    assert_int_equal(so[0].error.kind, CTL_OK);
+    assert_int_equal(so[0].result, 2);
+    assert_int_equal(so[1].error.kind, CTL_INVALID);
+    expect_substr(so[1].error.msg, "arg data: its ptr is NULL");
+    everything_size_outcomes_fini(so, 2);
+
     h.on_poke = NULL;
     rc = everything_serve(&h, NULL, &s, &f->err);
     assert_int_equal(rc, CTL_INVALID);

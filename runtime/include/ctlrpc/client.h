@@ -158,7 +158,7 @@ typedef struct ctl_client_options {
     int default_timeout_ms;
     /* How long a retired socket is kept to drain and count late replies
      * before it is closed. Default CTL_DEFAULT_LATE_GRACE_MS. 0 closes at
-     * once. */
+     * once; negative is CTL_INVALID. */
     int late_grace_ms;
     /* Most idle sockets kept per address; extra ones are closed when
      * returned, except that as many as are in use at the time are kept (a

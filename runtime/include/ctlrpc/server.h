@@ -125,7 +125,9 @@ typedef struct ctl_server_options {
      * per context, shared by every unit with an allowlist on it (each
      * judged by its own list) and served on a thread of its own. A ZAP
      * handler of the program's own on a shared context holds the endpoint:
-     * ctl_server_new then fails (CTL_INVALID, saying so). */
+     * ctl_server_new then fails (CTL_INVALID, saying so). An allowlist
+     * without a secret key is refused (CTL_INVALID): it would admit every
+     * peer. */
     const char *const *curve_allow;
     size_t curve_allow_count;
     /* Answer the built-in op _describe (which returns the service's IDL)

@@ -51,7 +51,7 @@ import zmq
 
 from . import _wire, errors, net
 from .client import (CHECK_S, _NO_KINDS, _ZERO_COPY_MIN, Outcome, _Engine, _ms, _Pending,
-                     _request, log)
+                     _pending_of, _request, log)
 from .net import ZMQ_EVENTS, ZMQ_FD
 from .retry import RetryPolicy
 
@@ -232,8 +232,7 @@ class Client(_Engine):
         target retried on its own)."""
         tmo = self._timeout(timeout)
         deadline = self._now() + tmo
-        ps = [_Pending(net.dialable(a), _request(a, op, args), idempotent)
-              for a, args in targets]
+        ps = _pending_of(op, targets, idempotent)
         await self._run(ps, op, deadline, _ms(tmo))
         out = []
         for p in ps:

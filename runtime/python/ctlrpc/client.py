@@ -704,10 +704,23 @@ class _Engine:
         self._now = retry.now_fn()
         self._retry_sleep = self._sleeper(retry)
         timeout = seconds("client: timeout", timeout)
+        late_grace = seconds("client: late_grace", late_grace)
+        idle_timeout = seconds("client: idle_timeout", idle_timeout)
+        for name, value, most in (("max_msg_bytes", max_msg_bytes, 2 ** 63 - 1),
+                                  ("max_idle_per_address", max_idle_per_address, 2 ** 31 - 1),
+                                  ("max_retired", max_retired, 2 ** 31 - 1),
+                                  ("max_addresses", max_addresses, 2 ** 63 - 1)):
+            if type(value) is not int:  # (a bool is no count either)
+                raise TypeError(f"client: {name} must be an int, not {type(value).__name__}")
+            if value > most:
+                raise ValueError(f"client: {name} {value} is more than {most}")
         if max_msg_bytes <= 0:
             raise ValueError(f"client: max_msg_bytes {max_msg_bytes} is not positive")
         if not idle_timeout > 0:
             raise ValueError(f"client: idle_timeout {idle_timeout} is not positive")
+        if context is not None and not isinstance(context, zmq.Context):
+            raise TypeError(f"client: context must be a zmq.Context, not "
+                            f"{type(context).__name__}")
         self.timeout = float(timeout)
         self.limits = _wire.Limits(max_msg_bytes=max_msg_bytes)
         keys: Optional[Tuple[str, str, str]] = None
@@ -1308,8 +1321,7 @@ class Client(_Engine):
         """
         tmo = self._timeout(timeout)
         deadline = self._now() + tmo
-        ps = [_Pending(net.dialable(a), _request(a, op, args), idempotent)
-              for a, args in targets]
+        ps = _pending_of(op, targets, idempotent)
         self._drive(ps, op, deadline, _ms(tmo))
         out = []
         for p in ps:
@@ -1428,6 +1440,21 @@ class Client(_Engine):
                 else:
                     while not p.done and self._recv_one(p, op):
                         pass
+
+
+def _pending_of(op: str, targets: Any, idempotent: bool) -> List[_Pending]:
+    """A fan-out's requests, one per (address, args) of `targets`; TypeError naming the target
+    that is not such a pair (ValueError / TypeError from _request for its address or args)."""
+    if isinstance(targets, (str, bytes)) or not hasattr(targets, "__iter__"):
+        raise TypeError(f"call_many {op}: targets must be a sequence of (address, args) "
+                        f"pairs, not {type(targets).__name__}")
+    ps = []
+    for i, t in enumerate(targets):
+        if not isinstance(t, (tuple, list)) or len(t) != 2:
+            raise TypeError(f"call_many {op}: target #{i} is not an (address, args) pair: "
+                            f"{t!r:.60}")
+        ps.append(_Pending(net.dialable(t[0]), _request(t[0], op, t[1]), idempotent))
+    return ps
 
 
 def _request(address: str, op: str, args: Optional[Mapping[str, Any]]) -> Tuple[bytes, bytes]:

@@ -216,10 +216,17 @@ def read_allowlist(path: str) -> List[str]:
 def load_key(value: str, secret: bool, what: str) -> str:
     """A key given as its text or as the path of a key file (read with the secret file check
     when `secret`). `what` names it in messages."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str (a key or a key file), not "
+                        f"{type(value).__name__}")
     if key_valid(value):
         return value
     if not value:
         raise ValueError(f"{what}: empty (give a 40-character Z85 key or a key file)")
+    if not os.path.lexists(value):
+        # (not echoed: it may be a mistyped secret)
+        raise ValueError(f"{what} is neither a 40-character Z85 key nor a key file that "
+                         "exists")
     return read_key(value, secret)
 
 
@@ -256,6 +263,11 @@ def keygen(prefix: str) -> Tuple[str, str]:
     """Write a new key pair to PREFIX.key (the secret key, mode 0600, created exclusively: an
     existing file is an error, never overwritten) and PREFIX.pub (mode 0644). Returns (public,
     secret). OSError naming the file when one cannot be created."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"keygen: prefix must be a str, not {type(prefix).__name__}")
+    if not prefix or prefix.endswith("/"):
+        raise ValueError(f"key file prefix '{prefix}' names no file: give PREFIX (PREFIX.key "
+                         "and PREFIX.pub are written), e.g. keys/unit")
     public, secret = keypair()
     key_path, pub_path = prefix + ".key", prefix + ".pub"
     _write_new(key_path, f"# ctlrpc CURVE secret key: keep private\n{secret}\n", 0o600)

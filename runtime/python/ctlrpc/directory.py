@@ -42,8 +42,10 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tupl
 
 from . import _threads
 from . import etcd as _etcd
+from . import net
 from ._version import __version__
 from .etcd import Etcd, EtcdError, EtcdUnreachable
+from .retry import seconds
 
 log = logging.getLogger("ctlrpc.directory")
 
@@ -51,6 +53,7 @@ ROOT = "/ctlrpc/v1/"
 MAX_VALUE_BYTES = 4096
 DEFAULT_LEASE_TTL = 10
 MIN_LEASE_TTL = 2
+MAX_LEASE_TTL = 86400  # a day, as in C
 DEFAULT_HEARTBEAT = 2.0  # seconds a watch may be idle before the directory re-opens it
 DRAINING_WAIT = 2.0  # at most this long for etcd to take the draining state
 STATES = ("serving", "draining")
@@ -296,6 +299,7 @@ class Directory:
         self.prefix = prefix(service, namespace)
         if heartbeat <= 0:
             raise ValueError(f"directory: heartbeat {heartbeat} is not positive")
+        start_timeout = seconds("directory: start_timeout", start_timeout)
         self.heartbeat = heartbeat
         self._pre = self.prefix.encode()
         self._on_change = on_change
@@ -615,13 +619,18 @@ class Registration:
                                   else default_unit_id())
         self.key = self.prefix + self.unit_id
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int) \
-                or lease_ttl < MIN_LEASE_TTL:
-            raise ValueError(f"lease TTL {lease_ttl!r} is not a whole number of seconds of at "
-                             f"least {MIN_LEASE_TTL}")
+                or not MIN_LEASE_TTL <= lease_ttl <= MAX_LEASE_TTL:
+            raise ValueError(f"registration: lease TTL {lease_ttl!r} is out of range "
+                             f"({MIN_LEASE_TTL} to {MAX_LEASE_TTL} s)")
         self.lease_ttl = lease_ttl
-        if not isinstance(address, str) or not address.startswith("tcp://"):
-            raise ValueError(f"registration: address '{address}' is not tcp://host:port")
-        if _wildcard(address):
+        if not isinstance(address, str):
+            raise TypeError(f"registration: address must be a str, not "
+                            f"{type(address).__name__}")
+        try:  # what clients will dial: the C registration's check
+            ep = net.parse_endpoint(address)
+        except ValueError as e:
+            raise ValueError(f"registration: advertise: {e}") from None
+        if _wildcard(address) or ep.any_port:
             raise ValueError(f"registration: address '{address}' is a wildcard, which other "
                              "hosts cannot dial: give the address clients dial (--advertise)")
         self._value: Dict[str, Any] = dict(extra or {})

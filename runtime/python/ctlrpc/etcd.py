@@ -128,9 +128,16 @@ def split_endpoints(endpoints: Union[str, Sequence[str], None]) -> List[str]:
     if endpoints is None:
         endpoints = os.environ.get(ENDPOINTS_ENV, "")
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    urls = [u.strip().rstrip("/") for u in items if u and u.strip()]
-    if not urls:
+    if isinstance(endpoints, str) and len(items) > 1 and items[-1] == "":
+        items.pop()  # "URL," (as in C)
+    if not any(isinstance(u, str) and u.strip() for u in items):
         raise ValueError(f"etcd: no endpoint given (--etcd URL[,URL...] or ${ENDPOINTS_ENV})")
+    for u in items:
+        if not isinstance(u, str):
+            raise TypeError(f"etcd: an endpoint must be a str, not {type(u).__name__}")
+        if not u.strip():
+            raise ValueError(f"etcd: empty etcd endpoint in '{endpoints}'")
+    urls = [u.strip().rstrip("/") for u in items]
     for u in urls:
         p = urllib.parse.urlsplit(u)
         try:

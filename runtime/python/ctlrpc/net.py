@@ -34,7 +34,7 @@ ZMQ_FD = int(zmq.FD)
 ZMQ_RCVMORE = int(zmq.RCVMORE)
 ZMQ_POLLIN = int(zmq.POLLIN)
 ZMQ_NOBLOCK = int(zmq.NOBLOCK)
-ENDPOINT_MAX = 256  # CTL_ENDPOINT_MAX, with its terminating NUL
+ENDPOINT_MAX = 300  # CTL_ENDPOINT_MAX (ctlrpc/net.h), with its terminating NUL
 
 # Linux ioctls for an interface's flags and IPv4 address.
 _SIOCGIFFLAGS = 0x8913
@@ -66,6 +66,8 @@ def _valid_hostname(h: str) -> bool:
 def parse_endpoint(text: str) -> Endpoint:
     """Parse `tcp://host:port`; ValueError naming the text and what is wrong."""
     scheme = "tcp://"
+    if not isinstance(text, str):
+        raise TypeError(f"an endpoint must be a str (tcp://host:port), not {type(text).__name__}")
     if not text:
         raise ValueError("endpoint is empty")
     if len(text.encode("utf-8", "surrogateescape")) >= ENDPOINT_MAX:

@@ -106,6 +106,10 @@ class RetryPolicy:
             raise bad(f"budget_ratio {self.budget_ratio!r} is not between 0 and 1000000")
         if self.attempt_timeout is not None:
             seconds("RetryPolicy: attempt_timeout", self.attempt_timeout)
+        for name in ("retry_busy", "transparent"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"RetryPolicy: {name} must be True or False, not "
+                                f"{type(getattr(self, name)).__name__}")
         for name in ("clock", "sleep"):
             v = getattr(self, name)
             if v is not None and not callable(v):

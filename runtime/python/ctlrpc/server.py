@@ -223,6 +223,15 @@ class Dispatch:
         self.max_queued_reply_bytes = max_queued_reply_bytes
         self._expired_log_at = 0.0  # monotonic: when the last skipped request was logged
         self._expired_unlogged = 0
+        if not isinstance(handlers, Mapping):
+            raise TypeError(f"server: handlers must be a mapping of op names to functions, not "
+                            f"{type(handlers).__name__}")
+        if isinstance(notify, str):
+            raise TypeError("server: notify is a collection of op names, not one str")
+        if lock is not None and not (callable(getattr(lock, "__enter__", None)) and
+                                     callable(getattr(lock, "__exit__", None))):
+            raise TypeError(f"server: lock must be a lock (a context manager), not "
+                            f"{type(lock).__name__}")
         for op, fn in handlers.items():
             if not isinstance(op, str) or not op:
                 raise ValueError(f"server: op name {op!r} is not a non-empty string")
@@ -810,7 +819,9 @@ class Server:
         if not keys:
             raise ValueError(f"{where} lists no keys")
         if self._secret in keys:
-            raise ValueError(f"{where}: key #{keys.index(self._secret) + 1} is the unit's own "
+            # A file's keys are counted from 1 (as its reader says), a list's from 0 (as C).
+            n = keys.index(self._secret) + (1 if isinstance(allow, str) else 0)
+            raise ValueError(f"{where}: key #{n} is the unit's own "
                              "secret key: an allowlist holds client public keys (make a new "
                              "key pair for the unit, this secret is exposed)")
         self._allow = frozenset(curve.z85_decode(k) for k in keys)  # one store: atomic
@@ -837,8 +848,11 @@ class Server:
         (default `endpoint`; needed when the unit binds a wildcard or sits behind NAT).
         version: default the runtime's. Returns the directory.Registration. Never fails for
         etcd being away (it retries, logging once); raises ValueError for bad arguments (a
-        wildcard address without advertise, a bad name, a TTL under 2 s)."""
+        wildcard address without advertise, an advertise clients cannot dial, a bad name, a TTL
+        outside 2 s to a day) and for a closed server."""
         from .directory import Registration
+        if self._closed:
+            raise ValueError(f"registration: server {self.endpoint} is closed")
         if self.registration is not None:
             raise ValueError(f"server {self.endpoint}: already registered as "
                              f"{self.registration.key}")
