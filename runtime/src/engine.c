@@ -461,6 +461,8 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     int rc = ctl_client_reserve(c, call->count, call->op,
                                 call->many ? NULL : call->addresses[0], err);
     if (rc != 0) {
+        for (size_t i = 0; call->many && i < call->count; i++)
+            ctl_client_count_refused(c, call->addresses[i]); /* in errors[limit] */
         call_free(call);
         return rc;
     }

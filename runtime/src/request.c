@@ -71,6 +71,13 @@ void ctl_client_new_id(ctl_client *c, int64_t deadline_wall_ms,
         deadline_wall_ms, out);
 }
 
+void ctl_client_count_refused(ctl_client *c, const char *address)
+{
+    ctl_addr *a = address ? ctl_pool_addr(c->pool, address, NULL) : NULL;
+    if (a)
+        ctl_pool_count_error(a, CTL_CAUSE_LIMIT);
+}
+
 int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
                        ctl_error *err)
 {
@@ -80,6 +87,7 @@ int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *addr
     if (now + n <= max)
         return 0;
     atomic_fetch_sub_explicit(&c->in_flight, n, memory_order_relaxed);
+    ctl_client_count_refused(c, address);
     return ctl_error_transfer(err, CTL_CAUSE_LIMIT,
                               "%s%s%s: %llu requests already in flight, and %zu "
                               "more would pass this client's max_in_flight "

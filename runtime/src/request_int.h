@@ -238,7 +238,10 @@ void ctl_client_log_limited(ctl_client *c, ctl_cause kind, const char *line);
 
 /* Reserve room for `n` more requests in flight (max_in_flight) for a call
  * of `op` at `address` (NULL: a fan-out, <op>_many). 0, or CTL_TRANSFER /
- * CTL_CAUSE_LIMIT with `err` set, naming the op and the address. */
+ * CTL_CAUSE_LIMIT with `err` set, naming the op and the address, and the
+ * refusal counted in that address's errors (a fan-out's caller counts each
+ * target's with ctl_client_count_refused). */
+void ctl_client_count_refused(ctl_client *c, const char *address);
 int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
                        ctl_error *err);
 void ctl_client_unreserve(ctl_client *c, size_t n);

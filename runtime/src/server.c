@@ -616,9 +616,12 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
                 more);
         return 0;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        /* The connection broke during the handshake (the client went away:
-         * value is an errno); a disconnect follows, and is counted. */
+        /* The connection broke during the handshake (the client went away,
+         * or the handshake timed out: value is an errno); a disconnect
+         * follows, and is counted. A failed handshake all the same, as the
+         * Python unit counts it. */
         hs->failed++;
+        bump(&c->handshake_failures);
         if (ctl_log_enabled(CTL_LOG_DEBUG))
             ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection broke during its "
                     "handshake: %s", s->endpoint, strerror((int)value));

@@ -951,6 +951,14 @@ static void test_sockets_shared_with_blocking_calls(void **state)
     ctl_client_destroy(&c);
 }
 
+static void many_done_noop(void *user, ctl_outcome *outcomes, size_t count)
+{
+    (void)user;
+    (void)outcomes;
+    (void)count;
+    fail_msg("a fan-out refused at its start completed");
+}
+
 static void test_max_in_flight(void **state)
 {
     fx *f = *state;
@@ -977,6 +985,15 @@ static void test_max_in_flight(void **state)
                                      &r, &f->err),
                      CTL_TRANSFER);
     assert_int_equal(f->err.cause, CTL_CAUSE_LIMIT);
+    /* And a fan-out, each of its targets. Every refusal is in its
+     * address's errors[limit]. */
+    ctl_target two[2] = {{f->unit.endpoint, NULL, 0}, {f->unit.endpoint, NULL, 0}};
+    assert_int_equal(ctl_client_call_many_start(c, "echo", two, 2, CALL_MS, many_done_noop,
+                                                NULL, NULL, &f->err),
+                     CTL_TRANSFER);
+    ctl_address_stats as;
+    ctl_client_address_stats(c, f->unit.endpoint, &as);
+    assert_int_equal(as.errors[CTL_CAUSE_LIMIT], 4);
     for (int i = 0; i < 3; i++)
         process_until(c, &s[i].completions, 1, CALL_MS);
     assert_int_equal(atomic_load(&s[3].completions), 0);
