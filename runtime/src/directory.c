@@ -1007,6 +1007,8 @@ int ctl_directory_new(const char *service, const ctl_directory_options *opts,
 
 ctl_membership *ctl_directory_snapshot(ctl_directory *dir)
 {
+    if (!dir)
+        return NULL;
     pthread_mutex_lock(&dir->mu);
     memb *m = dir->current;
     if (m)

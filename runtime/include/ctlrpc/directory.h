@@ -227,7 +227,7 @@ CTL_API int ctl_directory_new(const char *service, const ctl_directory_options *
 
 /* The current snapshot, to keep (release it with ctl_membership_release).
  * Never NULL for a directory ctl_directory_new returned, except out of
- * memory. Any thread. */
+ * memory; NULL for a NULL directory. Any thread. */
 CTL_API ctl_membership *ctl_directory_snapshot(ctl_directory *dir);
 
 /* What the directory knows of its own health. */
