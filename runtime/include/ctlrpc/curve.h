@@ -82,7 +82,8 @@ CTL_API int ctl_curve_read_allowlist(const char *path, char (**keys)[CTL_CURVE_K
  * Generate a key pair and write it as PREFIX.key (the secret key, mode
  * 0600, created exclusively: an existing file is an error, never
  * overwritten) and PREFIX.pub (the public key, mode 0644). 0 or
- * CTL_INVALID naming the file.
+ * CTL_INVALID naming the file; a prefix that names no file (NULL, empty,
+ * or ending in '/') is CTL_INVALID too.
  */
 CTL_API int ctl_curve_write_keypair(const char *prefix, ctl_error *err);
 
