@@ -722,6 +722,7 @@ static void fold(ctl_conn_state *st, unsigned ev, uint32_t value)
     case ZMQ_EVENT_DISCONNECTED:
         if (st->up) {
             st->up = 0;
+            st->lost = 1;
             st->after_drop = 1;
             st->dropped_at = 0;
         } else {
@@ -790,6 +791,8 @@ ctl_conn_verdict ctl_conn_check(ctl_conn *conn, int64_t now_ms)
         else if (now_ms - st->dropped_at >= DROP_SETTLE_MS)
             return CTL_CONN_DROPPED;
     }
+    if (st->lost && st->up)
+        return CTL_CONN_LOST;
     return CTL_CONN_OK;
 }
 

@@ -70,6 +70,8 @@ typedef struct ctl_conn_state {
     int closed;         /* this attempt's TCP socket closed unconnected */
     int up;             /* a handshake succeeded and no drop since */
     int after_drop;     /* a drop was seen: the next RETRIED is the reconnect */
+    int lost;           /* a connection that was up dropped since the request
+                           on it was sent (the sender clears it) */
     int64_t dropped_at; /* the check that first saw a drop not followed by
                            a reconnect (0: none) */
     int broken;         /* this attempt's connection closed before its
@@ -117,8 +119,13 @@ typedef enum ctl_conn_verdict {
     CTL_CONN_DENIED,     /* the unit's allowlist refused this client's key */
     CTL_CONN_MECHANISM,  /* one side speaks CURVE, the other does not */
     CTL_CONN_PROTOCOL,   /* another handshake protocol error */
-    CTL_CONN_DROPPED     /* this side closed the connection after it was up:
+    CTL_CONN_DROPPED,    /* this side closed the connection after it was up:
                             a message larger than max_msg_bytes */
+    CTL_CONN_LOST        /* the connection dropped and is up again (the unit
+                            restarted in place): a request sent before the
+                            drop gets no reply. Or, where the drop's events
+                            were still unread when it was sent, it does:
+                            only a call that may run twice acts on this. */
 } ctl_conn_verdict;
 
 /* A pool over ZeroMQ context `ctx` (borrowed). NULL when out of memory. */

@@ -167,6 +167,7 @@ static int launch(ctl_client *c, ctl_rq *p)
         ctl_pool_unwatch(c->pool, p->conn);
     p->attempts++;
     p->left = 0;
+    p->conn->st.lost = 0; /* a drop from now on is this attempt's */
     ctl_pool_count_attempt(p->addr);
     p->sent_ms = ctl_now_ms();
     p->unsent = 1;
@@ -664,6 +665,18 @@ static void check_conn(ctl_client *c, ctl_rq *p, int64_t now_ms)
     switch (v) {
     case CTL_CONN_OK:
         return;
+    case CTL_CONN_LOST:
+        /* The unit restarted in place under the request: no reply will
+         * come, unless the drop came before the send (its events unread
+         * then). A call that may run twice and has an attempt left goes
+         * again at once; any other waits, as it always did. */
+        if (!(p->flags & CTL_CALL_IDEMPOTENT) || !policy_on(c, p) ||
+            p->attempts - p->transparent >= c->opts.retry.max_attempts)
+            return;
+        ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
+                           "%s at %s: the connection dropped and came back (the unit "
+                           "restarted?)", op, a);
+        break;
     case CTL_CONN_REFUSED:
         ctl_error_transfer(err, CTL_CAUSE_REFUSED,
                            "%s at %s: connection refused (nothing listens "

@@ -423,6 +423,53 @@ class Policy(Case):
         self.assertEqual(len(set(ids)), 1, ids)
         self.assertRegex(ids[0], r"^[0-9a-f]+@[0-9]{13}$")
 
+    def test_restarted_in_place(self):
+        """A unit restarted at the same address under a call: the new unit takes the
+        connection over and the request died with the old one. An idempotent call with an
+        attempt left goes again to the new unit at once (as in C), not at its deadline; any
+        other call waits, as the reply could still come."""
+        for idempotent in (True, False):
+            ctx = zmq.Context()  # its own: term() returns once the port is free again
+            router = ctx.socket(zmq.ROUTER)
+            port = router.bind_to_random_port("tcp://127.0.0.1")
+            address = "tcp://127.0.0.1:%d" % port
+            got = {}
+
+            def call():
+                try:
+                    got["result"] = c.call(address, "target", timeout=CALL_S if idempotent
+                                           else 1.5, idempotent=idempotent)
+                except ctlrpc.Error as e:
+                    got["error"] = e
+
+            unit = None
+            with ctlrpc.Client(timeout=CALL_S, retry=ctlrpc.RetryPolicy(max_attempts=3)) as c:
+                t0 = time.monotonic()
+                th = threading.Thread(target=call)
+                th.start()
+                try:
+                    self.assertTrue(router.poll(int(CALL_S * 1000)))
+                    router.recv_multipart()  # and never answered
+                    router.close(linger=0)
+                    ctx.term()
+                    unit = Unit(bind=address)  # at once: before the client's reconnect
+                    th.join(CALL_S + 5)
+                finally:
+                    router.close(linger=0)
+                    ctx.term()
+                    if unit is not None:
+                        unit.close()
+                took = time.monotonic() - t0
+                st = c.address_stats(address)
+            self.assertFalse(th.is_alive())
+            if idempotent:
+                self.assertEqual(got.get("result"), "ran", got)
+                self.assertLess(took, CALL_S / 2)
+                self.assertEqual(st["retries_by_cause"].get("transport"), 1, st)
+            else:
+                self.assertIsInstance(got.get("error"), ctlrpc.Timeout, got)
+                self.assertEqual(st["retries"], 0)
+
     def test_budget_throttles(self):
         t = FakeTime()
         unit = Unit()

@@ -980,6 +980,26 @@ static void silent(tu_fake *fake, const tu_fake_req *req, void *user)
     (void)user;
 }
 
+/* Start a call of flaky (idempotent or not) to a fake unit that never
+ * answers, its endpoint in `at`, and wait until the fake has the request. */
+static ctl_call *call_silent_fake(ctl_client *c, tu_fake **fake, char at[CTL_ENDPOINT_MAX],
+                                  int timeout_ms, int idem, seen *s, ctl_error *err)
+{
+    assert_int_equal(tu_fake_start(fake, silent, NULL), 0);
+    snprintf(at, CTL_ENDPOINT_MAX, "%s", tu_fake_endpoint(*fake));
+    memset(s, 0, sizeof *s);
+    ctl_call *call = NULL;
+    assert_int_equal(ctl_client_call_start_ex(c, at, "flaky", NULL, 0, timeout_ms,
+                                              idem ? CTL_CALL_IDEMPOTENT : 0, on_done, s,
+                                              &call, err),
+                     0);
+    int64_t end = tu_now_ms() + CALL_MS;
+    while (tu_fake_seen(*fake) < 1 && tu_now_ms() < end)
+        tu_sleep_ms(2);
+    assert_int_equal(tu_fake_seen(*fake), 1);
+    return call;
+}
+
 static void test_dropped_mid_call(void **state)
 {
     (void)state;
@@ -988,20 +1008,10 @@ static void test_dropped_mid_call(void **state)
     ctl_error_init(&err);
     for (int idem = 0; idem < 2; idem++) {
         tu_fake *fake = NULL;
-        assert_int_equal(tu_fake_start(&fake, silent, NULL), 0);
         char at[CTL_ENDPOINT_MAX];
-        snprintf(at, sizeof at, "%s", tu_fake_endpoint(fake));
         ctl_client *c = client_new(&r, NULL);
         seen s;
-        memset(&s, 0, sizeof s);
-        ctl_call *call = NULL;
-        assert_int_equal(ctl_client_call_start_ex(c, at, "flaky", NULL, 0, CALL_MS,
-                                                  idem ? CTL_CALL_IDEMPOTENT : 0,
-                                                  on_done, &s, &call, &err), 0);
-        int64_t end = tu_now_ms() + CALL_MS;
-        while (tu_fake_seen(fake) < 1 && tu_now_ms() < end)
-            tu_sleep_ms(2);
-        assert_int_equal(tu_fake_seen(fake), 1);
+        ctl_call *call = call_silent_fake(c, &fake, at, CALL_MS, idem, &s, &err);
         tu_fake_stop(&fake);
         assert_int_equal(ctl_call_wait(call, CALL_MS + 5000), 0);
         ctl_client_process(c, 0);
@@ -1028,6 +1038,50 @@ static void test_dropped_mid_call(void **state)
         assert_int_equal(st.calls, 1);
         ctl_call_release(call);
         ctl_client_destroy(&c);
+    }
+    ctl_error_fini(&err);
+}
+
+/* A unit restarted in place under a call: the request died with the old
+ * unit, and the new one takes its connection over (the reconnect is not
+ * refused). An idempotent call with an attempt left goes again to the new
+ * unit at once, instead of waiting for its deadline; any other call waits,
+ * as the reply could still come (API.md). */
+static void test_restarted_in_place(void **state)
+{
+    (void)state;
+    ctl_retry_policy r = policy(3);
+    ctl_error err;
+    ctl_error_init(&err);
+    for (int idem = 1; idem >= 0; idem--) {
+        tu_fake *fake = NULL;
+        char at[CTL_ENDPOINT_MAX];
+        ctl_client *c = client_new(&r, NULL);
+        seen s;
+        int64_t t0 = tu_now_ms();
+        ctl_call *call = call_silent_fake(c, &fake, at, idem ? CALL_MS : 1500, idem, &s, &err);
+        tu_fake_stop(&fake);
+        unit u;
+        unit_start_at(&u, at); /* at once: before the client's first reconnect */
+        assert_int_equal(ctl_call_wait(call, CALL_MS + 5000), 0);
+        ctl_client_process(c, 0);
+        int64_t took = tu_now_ms() - t0;
+        assert_int_equal(atomic_load(&s.completions), 1);
+        ctl_address_stats st = stats(c, at);
+        if (idem) {
+            assert_int_equal(s.kind, CTL_OK);
+            assert_int_equal(s.run, 1); /* the new unit's first run */
+            assert_true(took < CALL_MS / 2);
+            assert_int_equal(st.retries_by_cause[CTL_CAUSE_TRANSPORT], 1);
+        } else {
+            assert_int_equal(s.kind, CTL_TRANSFER);
+            assert_int_equal(s.cause, CTL_CAUSE_TIMEOUT);
+            assert_int_equal(st.retries, 0);
+            assert_int_equal(atomic_load(&u.runs), 0);
+        }
+        ctl_call_release(call);
+        ctl_client_destroy(&c);
+        unit_stop(&u);
     }
     ctl_error_fini(&err);
 }
@@ -1131,6 +1185,7 @@ int main(void)
         cmocka_unit_test(test_async_retries_on_engine),
         cmocka_unit_test(test_cancel_during_backoff),
         cmocka_unit_test(test_dropped_mid_call),
+        cmocka_unit_test(test_restarted_in_place),
         cmocka_unit_test(test_transparent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

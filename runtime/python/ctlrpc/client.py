@@ -109,7 +109,8 @@ class _Watch:
       closed by this side (a message over MAXMSGSIZE): DISCONNECTED, no reconnect"""
 
     __slots__ = ("mon", "fd", "fails", "fail", "hs_no_detail", "closed", "up", "after_drop",
-                 "dropped_at", "broken", "broken_at", "verdict_event", "verdict_value", "lost")
+                 "dropped_at", "broken", "broken_at", "verdict_event", "verdict_value", "lost",
+                 "lost_since_send")
 
     def __init__(self, mon: zmq.Socket[Any]) -> None:
         self.mon = mon
@@ -126,6 +127,7 @@ class _Watch:
         self.verdict_event = 0
         self.verdict_value = 0
         self.lost = False  # was up, then dropped, and not up again since
+        self.lost_since_send = False  # a connection that was up dropped since the last send
         # A pipe's reader starts awake: until a read finds it empty, the monitor's events do
         # not make its descriptor readable (_Pool._monitors_waiting).
         self.drain()
@@ -158,6 +160,7 @@ class _Watch:
         elif ev == zmq.EVENT_DISCONNECTED and self.up:
             self.up = False
             self.lost = True
+            self.lost_since_send = True
             self.after_drop = True
             self.dropped_at = 0.0
         elif ev == zmq.EVENT_DISCONNECTED:
@@ -179,8 +182,9 @@ class _Watch:
 
     def verdict(self, now: float) -> str:
         """What ends a call: "" (nothing), "refused", "unresolved", "handshake", "denied",
-        "capped" (ZAP status 500: the unit's connection caps), "mechanism", "protocol" or
-        "dropped"."""
+        "capped" (ZAP status 500: the unit's connection caps), "mechanism", "protocol",
+        "dropped" or "lost" (the connection dropped since the request was sent and is up again:
+        the unit restarted in place; see _Engine._conn_failure)."""
         self.drain()
         if self.verdict_event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return "capped" if self.verdict_value == 500 else "denied"
@@ -199,6 +203,8 @@ class _Watch:
                 self.dropped_at = now
             elif now - self.dropped_at >= DROP_SETTLE_S:
                 return "dropped"
+        if self.lost_since_send and self.up:
+            return "lost"
         return ""
 
 
@@ -385,6 +391,12 @@ class _Pool:
         if w is None:
             return "", 0
         return w.verdict(time.monotonic()), w.verdict_value
+
+    def sent(self, sock: zmq.Socket[Any]) -> None:
+        """A request was handed to lent socket `sock`: a drop from now on is its own."""
+        w = self.watches.get(sock)
+        if w is not None:
+            w.lost_since_send = False
 
     def connected(self, sock: zmq.Socket[Any]) -> bool:
         """Whether the monitor of a lent socket says its connection is up. Called by the
@@ -1001,6 +1013,7 @@ class _Engine:
                 # Small messages are copied: a zero-copy Frame costs more than the copy below
                 # 32 KiB (as the server decides for its replies).
                 p.sock.send(p.data, ZMQ_NOBLOCK, copy=len(p.data) >= _ZERO_COPY_MIN)
+                self._pool.sent(p.sock)
             except zmq.Again:
                 # Up, but its queue is full (notifies a unit does not read): it waits.
                 if not (p.pooled and self.retry.transparent) or self._pool.connected(p.sock):
@@ -1193,7 +1206,7 @@ class _Engine:
         return True
 
     def _conn_failure(self, sock: zmq.Socket[Any], address: str, op: str,
-                      unsent: bool) -> Optional[errors.Transfer]:
+                      unsent: bool, may_run_twice: bool = False) -> Optional[errors.Transfer]:
         """What the monitor of a lent socket says, as the error that ends its call, or None
         (the C client's messages, docs/API.md "Failures that end a call early"). A request
         that never left says "nothing was sent" (it never will: ZMQ_IMMEDIATE); one that
@@ -1203,7 +1216,14 @@ class _Engine:
             return None
         curve = self._pool.keys is not None
         cause = "auth"
-        if verdict == "refused":
+        if verdict == "lost":
+            # The unit restarted in place under the request: no reply will come, unless the
+            # drop came before the send (its events unread then). Only a call that may run
+            # twice and has an attempt left acts on it (`may_run_twice`), as in C.
+            if not may_run_twice or unsent:
+                return None
+            cause, msg = "transport", "the connection dropped and came back (the unit restarted?)"
+        elif verdict == "refused":
             cause, msg = "refused", "connection refused (nothing listens there?)"
         elif verdict == "capped":
             cause, msg = "refused", ("the unit refused the connection: it holds as many as it "
@@ -1258,7 +1278,9 @@ class _Engine:
         """Read the monitor of p's socket; end `p` when what it says means no reply can come
         (or, for a request still unsent, that no connection will come up)."""
         assert p.sock is not None
-        failure = self._conn_failure(p.sock, p.address, op, p.unsent)
+        pol = self.retry
+        failure = self._conn_failure(p.sock, p.address, op, p.unsent,
+                                     p.idempotent and p.tries < max(1, pol.max_attempts))
         if failure is not None:
             p.error = failure
             self._finish(p, False)
