@@ -336,7 +336,7 @@ int ctl_client_call_req(ctl_client *client, const char *address,
     ctl_error local;
     ctl_error_init(&local);
     ctl_error *e = err ? err : &local;
-    int rc = ctl_client_reserve(client, 1, op, address, e);
+    int rc = ctl_client_reserve(client, op, &address, 1, 0, e);
     if (rc != 0) {
         ctl_frame_fini(req);
         ctl_error_fini(&local);

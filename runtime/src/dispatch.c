@@ -421,6 +421,16 @@ static ctl_verdict refuse(ctl_dispatch *d, ctl_str id, const char *fmt, ...)
 
 /* ---- serving -------------------------------------------------------- */
 
+/* A notify of `op` whose args are bad: nothing goes back; counted in the
+ * op's dropped, said at debug. */
+static void drop_notify(ctl_dispatch *d, const ctl_op *op, const char *why)
+{
+    bump(&d->cur->dropped, 1);
+    if (ctl_log_enabled(CTL_LOG_DEBUG))
+        ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a notify of '%s': %s",
+                d->who ? d->who : "unit", op->name, why);
+}
+
 static ctl_verdict dropped(ctl_dispatch *d, const char *why)
 {
     atomic_fetch_add_explicit(&d->counters.dropped, 1, memory_order_relaxed);
@@ -586,10 +596,7 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
     bool noreply = (op->flags & CTL_OP_NOREPLY) != 0;
     if (dc == CTL_DECODE_BAD) {
         if (noreply) {
-            bump(&d->cur->dropped, 1);
-            if (ctl_log_enabled(CTL_LOG_DEBUG))
-                ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a notify of '%s': %s",
-                        d->who ? d->who : "unit", op->name, why);
+            drop_notify(d, op, why);
             return CTL_DISPATCH_SILENT;
         }
         bump(&d->cur->errors[CTL_ERR_PROTOCOL], 1);
@@ -611,11 +618,7 @@ ctl_verdict ctl_dispatch_message(ctl_dispatch *d, const ctl_inbound *in,
         if (rc != 0 && req.bad_args) {
             /* Its args would not decode: dropped, as an undecodable args
              * map is above. */
-            bump(&d->cur->dropped, 1);
-            if (ctl_log_enabled(CTL_LOG_DEBUG))
-                ctl_log(CTL_LOG_DEBUG, "server", "%s: dropped a notify of '%s': %s",
-                        d->who ? d->who : "unit", op->name,
-                        req.err.msg ? req.err.msg : "bad args");
+            drop_notify(d, op, req.err.msg ? req.err.msg : "bad args");
         } else if (rc != 0) {
             if (!req.failed)
                 ctl_error_set(&req.err, CTL_PROTOCOL, "op '%s' failed", op->name);

@@ -458,11 +458,9 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
 {
     ctl_client *c = call->client;
     ctl_engine *e = c->engine;
-    int rc = ctl_client_reserve(c, call->count, call->op,
-                                call->many ? NULL : call->addresses[0], err);
+    int rc = ctl_client_reserve(c, call->op, (const char *const *)call->addresses,
+                                call->count, call->many, err);
     if (rc != 0) {
-        for (size_t i = 0; call->many && i < call->count; i++)
-            ctl_client_count_refused(c, call->addresses[i]); /* in errors[limit] */
         call_free(call);
         return rc;
     }

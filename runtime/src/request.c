@@ -71,15 +71,8 @@ void ctl_client_new_id(ctl_client *c, int64_t deadline_wall_ms,
         deadline_wall_ms, out);
 }
 
-void ctl_client_count_refused(ctl_client *c, const char *address)
-{
-    ctl_addr *a = address ? ctl_pool_addr(c->pool, address, NULL) : NULL;
-    if (a)
-        ctl_pool_count_error(a, CTL_CAUSE_LIMIT);
-}
-
-int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
-                       ctl_error *err)
+int ctl_client_reserve(ctl_client *c, const char *op, const char *const *addresses,
+                       size_t n, int many, ctl_error *err)
 {
     uint64_t max = c->opts.max_in_flight;
     uint64_t now = atomic_fetch_add_explicit(&c->in_flight, n,
@@ -87,12 +80,17 @@ int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *addr
     if (now + n <= max)
         return 0;
     atomic_fetch_sub_explicit(&c->in_flight, n, memory_order_relaxed);
-    ctl_client_count_refused(c, address);
+    for (size_t i = 0; i < n; i++) { /* each target's, in its address's errors */
+        ctl_addr *a = addresses[i] ? ctl_pool_addr(c->pool, addresses[i], NULL) : NULL;
+        if (a)
+            ctl_pool_count_error(a, CTL_CAUSE_LIMIT);
+    }
+    const char *at = !many && n == 1 ? addresses[0] : NULL;
     return ctl_error_transfer(err, CTL_CAUSE_LIMIT,
                               "%s%s%s: %llu requests already in flight, and %zu "
                               "more would pass this client's max_in_flight "
                               "of %llu; nothing was sent", op,
-                              address ? " at " : "_many", address ? address : "",
+                              at ? " at " : "_many", at ? at : "",
                               (unsigned long long)now, n,
                               (unsigned long long)max);
 }

@@ -236,14 +236,12 @@ void ctl_client_log(const ctl_client *c, const char *fmt, ...) CTL_PRINTF(2, 3);
  * logged (CTL_LOG_LEFT_OUT_FMT). */
 void ctl_client_log_limited(ctl_client *c, ctl_cause kind, const char *line);
 
-/* Reserve room for `n` more requests in flight (max_in_flight) for a call
- * of `op` at `address` (NULL: a fan-out, <op>_many). 0, or CTL_TRANSFER /
- * CTL_CAUSE_LIMIT with `err` set, naming the op and the address, and the
- * refusal counted in that address's errors (a fan-out's caller counts each
- * target's with ctl_client_count_refused). */
-void ctl_client_count_refused(ctl_client *c, const char *address);
-int ctl_client_reserve(ctl_client *c, size_t n, const char *op, const char *address,
-                       ctl_error *err);
+/* Reserve room for the `n` requests of a call of `op` to addresses[0..n)
+ * (`many`: a fan-out, <op>_many) in flight (max_in_flight). 0, or
+ * CTL_TRANSFER / CTL_CAUSE_LIMIT with `err` set, naming the op and (one
+ * call) its address, and the refusal counted in each address's errors. */
+int ctl_client_reserve(ctl_client *c, const char *op, const char *const *addresses,
+                       size_t n, int many, ctl_error *err);
 void ctl_client_unreserve(ctl_client *c, size_t n);
 
 #endif /* CTLRPC_REQUEST_INT_H */

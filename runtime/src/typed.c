@@ -249,6 +249,19 @@ static int pack_record(msgpack_packer *pk, const ctl_type *t, const void *v)
     return 0;
 }
 
+/* Write the formatted step at path[n..] (of `cap` bytes, cut when longer);
+ * the path's new length. */
+static size_t path_step(char *path, size_t cap, size_t n, const char *fmt, ...)
+    CTL_PRINTF(4, 5);
+static size_t path_step(char *path, size_t cap, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(path + n, cap - n, fmt, ap);
+    va_end(ap);
+    return w < 0 ? n : n + ((size_t)w < cap - n ? (size_t)w : cap - n - 1);
+}
+
 /* What in value `v` of type `t` cannot be packed, or NULL; its path from
  * `v` in path[0..] ("keys[2]", "tree.label"), path[n..] being where this
  * level's goes (of `cap` bytes, cut when longer). */
@@ -272,13 +285,16 @@ static const char *invalid_in(const ctl_type *t, const void *v, char *path, size
             return "it has more than 4294967295 items";
         for (size_t i = 0; i < s.count; i++) {
             const char *item = at(s.items, i * t->elem_size);
-            int w = snprintf(path + n, cap - n, "[%zu]", i);
-            size_t m = w < 0 ? n : n + ((size_t)w < cap - n ? (size_t)w : cap - n - 1);
-            const char *why = map ? invalid_in(&ctl_type_str, item, path, cap, m) : NULL;
+            size_t m = path_step(path, cap, n, "[%zu]", i);
+            if (map) {
+                ctl_str key;
+                memcpy(&key, item, sizeof key);
+                if (!key.ptr && key.len)
+                    return "its key's ptr is NULL but its len is not 0";
+            }
+            const char *why = invalid_in(t->elem, map ? item + t->value_offset : item, path,
+                                         cap, m);
             if (why)
-                return "its key's ptr is NULL but its len is not 0";
-            if ((why = invalid_in(t->elem, map ? item + t->value_offset : item, path, cap,
-                                  m)) != NULL)
                 return why;
         }
         path[n] = '\0';
@@ -294,9 +310,8 @@ static const char *invalid_in(const ctl_type *t, const void *v, char *path, size
     case CTL_TYPE_RECORD:
         for (size_t i = 0; i < t->field_count; i++) {
             const ctl_field *f = &t->fields[i];
-            int w = snprintf(path + n, cap - n, "%s%.*s", n ? "." : "", (int)f->name_len,
-                             f->name);
-            size_t m = w < 0 ? n : n + ((size_t)w < cap - n ? (size_t)w : cap - n - 1);
+            size_t m = path_step(path, cap, n, "%s%.*s", n ? "." : "", (int)f->name_len,
+                                 f->name);
             const char *why = invalid_in(f->type, at(v, f->offset), path, cap, m);
             if (why)
                 return why;

@@ -25,6 +25,7 @@
 #include "ctlrpc/log.h"
 #include "ctlrpc/version.h"
 #include "etcdproc.h"
+#include "testutil.h"
 #include "storage.ctl.h"
 
 #define TTL "2"
@@ -641,37 +642,14 @@ static void test_watch_resume(void **state)
     ep_proxy_destroy(&p);
 }
 
-/* The runtime's log lines, kept for a test to read (ctl_log_set_sink). */
-static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
-static char kept_log[8192];
-
-static void keep_line(void *ctx, ctl_log_level level, const char *line)
-{
-    (void)ctx;
-    (void)level;
-    pthread_mutex_lock(&kept_mu);
-    size_t n = strlen(kept_log);
-    snprintf(kept_log + n, sizeof kept_log - n, "%s\n", line);
-    pthread_mutex_unlock(&kept_mu);
-}
-
-static bool kept_has(const char *part)
-{
-    pthread_mutex_lock(&kept_mu);
-    bool has = strstr(kept_log, part) != NULL;
-    pthread_mutex_unlock(&kept_mu);
-    return has;
-}
-
 /* Compaction past the watcher's revision: it lists again, and says it was
  * a compaction (not a new data directory). */
 static void test_compaction(void **state)
 {
     fx *f = *state;
-    kept_log[0] = '\0';
     ctl_log_level level = ctl_log_get_level();
     ctl_log_set_level(CTL_LOG_INFO);
-    ctl_log_set_sink(keep_line, NULL);
+    tu_log_keep();
     ep_proxy *p = ep_proxy_new(f->etcd.client_port);
     assert_non_null(p);
     put_raw(&f->etcd, "/ctlrpc/v1/default/storage/x", good_value);
@@ -702,12 +680,12 @@ static void test_compaction(void **state)
     assert_true(after.listings > before.listings);
     assert_true(after.revision >= atoll(rev));
     ctl_directory_destroy(&f->dir);
-    ctl_log_set_sink(NULL, NULL);
+    tu_log_stop();
     ctl_log_set_level(level);
-    if (!kept_has("was compacted") || kept_has("new data directory"))
-        fprintf(stderr, "the directory's log:\n%s", kept_log);
-    assert_true(kept_has("was compacted"));
-    assert_false(kept_has("new data directory"));
+    if (!tu_log_has("was compacted") || tu_log_has("new data directory"))
+        fprintf(stderr, "the directory's log:\n%s", tu_log_text());
+    assert_true(tu_log_has("was compacted"));
+    assert_false(tu_log_has("new data directory"));
     ep_proxy_destroy(&p);
 }
 

@@ -675,19 +675,6 @@ static void test_silent_peers_reaped(void **state)
 
 /* ---- connection caps ------------------------------------------------------ */
 
-static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-static char log_text[8192];
-
-static void collect_sink(void *ctx, ctl_log_level level, const char *line)
-{
-    (void)ctx;
-    (void)level;
-    pthread_mutex_lock(&log_mu);
-    size_t n = strlen(log_text);
-    snprintf(log_text + n, sizeof log_text - n, "%s\n", line);
-    pthread_mutex_unlock(&log_mu);
-}
-
 /* A raw DEALER of `ctx` that has had one reply from `endpoint`, or NULL. */
 static void *connected_dealer(void *ctx, const char *endpoint, int timeout_ms)
 {
@@ -772,8 +759,7 @@ static void test_connection_cap_per_address(void **state)
     so.max_connections_per_address = 3;
     tu_unit u;
     assert_int_equal(tu_unit_start(&u, &so, &f->err), 0);
-    log_text[0] = '\0';
-    ctl_log_set_sink(collect_sink, NULL);
+    tu_log_keep();
     void *peers = zmq_ctx_new();
     void *d[3];
     for (int i = 0; i < 3; i++) {
@@ -835,14 +821,12 @@ static void test_connection_cap_per_address(void **state)
     ctl_client_destroy(&c);
     zmq_ctx_term(peers);
     tu_unit_stop(&u);
-    ctl_log_set_sink(NULL, NULL);
-    pthread_mutex_lock(&log_mu);
-    bool logged = strstr(log_text, "refused a connection from 127.0.0.1: ") &&
-                  strstr(log_text, "connections from that address are open "
-                                   "(max_connections_per_address 3)");
-    pthread_mutex_unlock(&log_mu);
+    tu_log_stop();
+    bool logged = tu_log_has("refused a connection from 127.0.0.1: ") &&
+                  tu_log_has("connections from that address are open "
+                             "(max_connections_per_address 3)");
     if (!logged)
-        fail_msg("no refusal logged:\n%s", log_text);
+        fail_msg("no refusal logged:\n%s", tu_log_text());
 }
 
 /* max_connections 2 with a CURVE allowlist: the caps and the list judge
@@ -861,7 +845,7 @@ static void test_connection_cap_total_with_allowlist(void **state)
     so.max_connections = 2;
     tu_unit u;
     assert_int_equal(tu_unit_start(&u, &so, &f->err), 0);
-    ctl_log_set_sink(collect_sink, NULL);
+    tu_log_keep();
     void *peers = zmq_ctx_new();
     assert_true(raw_call(peers, u.endpoint, f, true));
     ctl_client_options co;
@@ -894,7 +878,7 @@ static void test_connection_cap_total_with_allowlist(void **state)
     ctl_client_destroy(&c3);
     zmq_ctx_term(peers);
     tu_unit_stop(&u);
-    ctl_log_set_sink(NULL, NULL);
+    tu_log_stop();
 }
 
 /* ---- IPv6 ------------------------------------------------------------------ */

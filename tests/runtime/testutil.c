@@ -691,3 +691,46 @@ void tu_fake_stop(tu_fake **fake)
     free(f);
     *fake = NULL;
 }
+
+/* ---- the runtime's log ---------------------------------------------------- */
+
+static struct {
+    pthread_mutex_t mu;
+    char text[8192];
+} tu_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void tu_log_sink(void *ctx, ctl_log_level level, const char *line)
+{
+    (void)ctx;
+    (void)level;
+    pthread_mutex_lock(&tu_log.mu);
+    size_t n = strlen(tu_log.text);
+    snprintf(tu_log.text + n, sizeof tu_log.text - n, "%s\n", line);
+    pthread_mutex_unlock(&tu_log.mu);
+}
+
+void tu_log_keep(void)
+{
+    pthread_mutex_lock(&tu_log.mu);
+    tu_log.text[0] = '\0';
+    pthread_mutex_unlock(&tu_log.mu);
+    ctl_log_set_sink(tu_log_sink, NULL);
+}
+
+void tu_log_stop(void)
+{
+    ctl_log_set_sink(NULL, NULL);
+}
+
+bool tu_log_has(const char *part)
+{
+    pthread_mutex_lock(&tu_log.mu);
+    bool has = strstr(tu_log.text, part) != NULL;
+    pthread_mutex_unlock(&tu_log.mu);
+    return has;
+}
+
+const char *tu_log_text(void)
+{
+    return tu_log.text;
+}

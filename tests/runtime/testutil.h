@@ -202,4 +202,16 @@ int tu_fake_answer(tu_fake *fake, const tu_fake_req *req, const char *id,
 int tu_fake_seen(tu_fake *fake);
 void tu_fake_stop(tu_fake **fake);
 
+/* ---- the runtime's log ------------------------------------------------ */
+
+/* Keep the runtime's log lines (those its level lets through) for the test
+ * to read, from an empty log (ctl_log_set_sink); tu_log_stop sends them to
+ * stderr again. The first 8 KiB are kept. */
+void tu_log_keep(void);
+void tu_log_stop(void);
+/* Whether a kept line holds `part`. */
+bool tu_log_has(const char *part);
+/* The kept lines, for a failure's message (read after tu_log_stop). */
+const char *tu_log_text(void);
+
 #endif /* CTLRPC_TESTUTIL_H */

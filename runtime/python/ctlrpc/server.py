@@ -290,15 +290,16 @@ class Dispatch:
     # ---- one message ----------------------------------------------------------------------
 
     def handle(self, frames: Sequence[bytes], count: Optional[int] = None,
-               unread: int = 0) -> Optional[List[bytes]]:
+               unread: int = 0, discarded: int = 0) -> Optional[List[bytes]]:
         """The reply to the message `frames` (its first `count` frames, when more were
-        received than kept), or None; `unread`: the bytes of replies queued for its connection
-        that the peer has not read. Never raises."""
+        received than kept, `discarded` the bytes of those not kept), or None; `unread`: the
+        bytes of replies queued for its connection that the peer has not read. Never
+        raises."""
         self.cur = None
         self._t0 = time.perf_counter_ns()
         # Every frame after the identity, of a dropped message too.
         if frames:
-            self.counters["bytes_in"] += sum(map(len, frames)) - len(frames[0])
+            self.counters["bytes_in"] += sum(map(len, frames)) - len(frames[0]) + discarded
         try:
             return self._handle(frames, len(frames) if count is None else count, unread)
         except Exception:  # a bug here must not end the serving thread
@@ -1058,15 +1059,12 @@ class Server:
                     discarded += len(frame)
         except zmq.ZMQError:
             return False  # nothing there (EAGAIN), or the socket is gone
-        if count > 3:
-            # Every frame after the identity counts in bytes_in, as in handle().
-            self._core.counters["bytes_in"] += sum(map(len, frames)) - len(frames[0]) + discarded
-            self._core.counters["dropped"] += 1
+        if count > 3:  # dropped and counted by handle()
             log.debug("ctlrpc server %s: dropped a message of %d frames (a request has 2 or 3)",
                       self.endpoint, count)
-            return True
         core = self._core
-        reply = core.handle(frames, count, self._unread_bytes(frames[0]) if count >= 2 else 0)
+        reply = core.handle(frames, count,
+                            self._unread_bytes(frames[0]) if 2 <= count <= 3 else 0, discarded)
         if reply is not None:
             size = len(reply[-1])
             try:
