@@ -210,6 +210,7 @@ int ctl_client_new(const ctl_client_options *opts, ctl_client **out,
                                       zmq_strerror(zmq_errno()));
         }
     }
+    ctl_zmq_threads_start(c->ctx);
     ctl_pool_options po = {c->opts.max_idle_per_address, c->opts.max_retired,
                            c->opts.late_grace_ms, c->opts.idle_timeout_ms,
                            c->opts.max_addresses, c->opts.limits.max_msg_bytes,

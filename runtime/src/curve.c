@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -735,11 +734,7 @@ static int start_handler(void *ctx, const char *who, zap_handler **out, ctl_erro
         free_handler(h);
         return rc;
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals belong to the program */
-    int prc = pthread_create(&h->thread, NULL, zap_main, h);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int prc = ctl_thread_start(&h->thread, zap_main, h);
     if (prc != 0) {
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                 "server %s: cannot start the ZAP handler's thread: %s",

@@ -26,7 +26,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -989,11 +988,7 @@ int ctl_directory_new(const char *service, const ctl_directory_options *opts,
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&d->thread, NULL, dir_main, d);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    rc = ctl_thread_start(&d->thread, dir_main, d);
     if (rc != 0) {
         free_dir(d);
         return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,

@@ -18,7 +18,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -556,11 +555,7 @@ int ctl_server_register(ctl_server *server, const ctl_register_options *opts,
         return ctl_error_set(err, CTL_INVALID, "registration: server %s is closed",
                              ctl_server_endpoint(server));
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&r->thread, NULL, reg_main, r);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    rc = ctl_thread_start(&r->thread, reg_main, r);
     if (rc != 0)
         return ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
                                   "registration %s: cannot start its thread: %s", r->key,

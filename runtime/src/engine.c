@@ -1183,7 +1183,7 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err)
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&e->mu, NULL);
     ctl_pool_set_epfd(c->pool, e->epfd);
-    if ((e_no = pthread_create(&e->thread, NULL, io_thread, e)) != 0) {
+    if ((e_no = ctl_thread_start(&e->thread, io_thread, e)) != 0) {
         ctl_pool_set_epfd(c->pool, -1);
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->idle);

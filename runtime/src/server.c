@@ -32,7 +32,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -943,6 +942,8 @@ int ctl_server_new(const ctl_service *service, void *user,
         s->ctx = zmq_ctx_new();
         s->own_ctx = 1;
     }
+    if (s->ctx)
+        ctl_zmq_threads_start(s->ctx);
     s->router = s->ctx ? zmq_socket(s->ctx, ZMQ_ROUTER) : NULL;
     if (!s->router) {
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,
@@ -1026,20 +1027,15 @@ int ctl_server_new(const ctl_service *service, void *user,
     s->core.who = s->endpoint;
     s->core.describe_off = opts && opts->describe_off;
 
-    /* The server thread takes no signals: they belong to the program. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
     s->blocking = s->own_ctx;
     if (s->blocking) {
         int check = DRAIN_CHECK_MS;
         zmq_setsockopt(s->router, ZMQ_RCVTIMEO, &check, sizeof check);
     }
-    rc = pthread_create(&s->monitor_thread, NULL, monitor_main, s);
+    rc = ctl_thread_start(&s->monitor_thread, monitor_main, s);
     s->monitor_started = rc == 0;
     if (rc == 0)
-        rc = pthread_create(&s->thread, NULL, serve, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+        rc = ctl_thread_start(&s->thread, serve, s);
     if (rc != 0) {
         stop_monitor(s);
         rc = ctl_error_transfer(err, CTL_CAUSE_TRANSPORT,

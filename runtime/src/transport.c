@@ -3,6 +3,7 @@
  */
 #include "transport_int.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -46,4 +47,18 @@ int ctl_send_prepare(zmq_msg_t *m, const ctl_payload *p)
         return -1;
     }
     return 0;
+}
+
+void ctl_zmq_threads_start(void *ctx)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    void *s = zmq_socket(ctx, ZMQ_PAIR);
+    if (s) {
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_close(s);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }

@@ -33,4 +33,16 @@ void ctl_frames_close(zmq_msg_t *frames, int n);
  * if it never does). */
 int ctl_send_prepare(zmq_msg_t *m, const ctl_payload *p);
 
+/*
+ * Start the threads of ZeroMQ context `ctx` (its I/O thread and reaper)
+ * with every signal blocked, if they have not started. libzmq starts them
+ * with a context's first socket, from the thread that makes it, and each
+ * blocks signals itself only once it runs: until then a signal sent to the
+ * process could be taken by one (ctl_thread_start says why that matters).
+ * Made under the full mask, they have it from their first instruction.
+ * Every client and server calls this on its context, its own or one it
+ * was given, before it makes a socket. Costs a socket made and closed.
+ */
+void ctl_zmq_threads_start(void *ctx);
+
 #endif /* CTLRPC_TRANSPORT_INT_H */

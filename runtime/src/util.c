@@ -4,6 +4,7 @@
 #include "util_int.h"
 
 #include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -136,4 +137,14 @@ char *ctl_inproc_name(char *buf, size_t size, const char *what)
         snprintf(buf, size, "inproc://ctlrpc-%s-%ld-%llu", what && *what ? what : "ep",
                  (long)getpid(), (unsigned long long)ctl_unique_u64());
     return buf;
+}
+
+int ctl_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(thread, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }

@@ -6,6 +6,7 @@
 #ifndef CTLRPC_UTIL_INT_H
 #define CTLRPC_UTIL_INT_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -76,5 +77,16 @@ uint64_t ctl_unique_u64(void);
 
 /* The `n`-byte big-endian unsigned integer at `p` (n <= 8). */
 uint64_t ctl_load_be(const unsigned char *p, unsigned n);
+
+/*
+ * Signals belong to the program: every thread of the runtime is started
+ * here, with every signal blocked around pthread_create, so that it has
+ * the full mask from its first instruction (a thread inherits its
+ * creator's mask; one that blocked signals itself once running could take
+ * one that came first: SIGTERM, its action the default, would end the
+ * process under a main thread waiting for it in sigwait). The caller's
+ * mask is put back at once. Returns pthread_create's result.
+ */
+int ctl_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg);
 
 #endif /* CTLRPC_UTIL_INT_H */

@@ -157,14 +157,37 @@ def child():
     print("accepted %d" % server.stats()["accepted"], flush=True)
 
 
+def runtime_threads():
+    """A server and a client, and every thread they start: the server's, the client's janitor,
+    both contexts' threads, and pyzmq's collector of zero-copy sends (a request and a reply
+    over 32 KiB each)."""
+    server = ctlrpc.Server({"echo": lambda a: a}, "tcp://127.0.0.1:0")
+    client = ctlrpc.Client()
+    client.call(server.endpoint, "echo", {"v": b"x" * (100 << 10)})
+    return server, client
+
+
+def child_masks():
+    """Print, for each thread but this one, its id and whether it blocks SIGTERM and SIGINT."""
+    server, client = runtime_threads()
+    me = str(threading.get_native_id())
+    for tid in sorted(os.listdir("/proc/self/task")):
+        if tid == me:
+            continue
+        with open("/proc/self/task/%s/status" % tid) as f:
+            blk = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+        both = all(blk >> (sig - 1) & 1 for sig in (signal.SIGTERM, signal.SIGINT))
+        print(tid, "blocks" if both else "takes", flush=True)
+    client.close()
+    server.close()
+
+
 def child_waits():
     """A unit whose main thread waits for SIGTERM in signal.sigwait, as unit.py does. The
     signal is blocked in the main thread only once the runtime's threads are running (they
     inherit no mask from it), so the wait ends only if every one of them blocks it: a thread
     that did not would take the signal itself, and the wait would never end."""
-    server = ctlrpc.Server({"echo": lambda a: a}, "tcp://127.0.0.1:0")
-    client = ctlrpc.Client()  # its janitor thread too
-    client.call(server.endpoint, "echo", {})  # and its context's threads
+    server, client = runtime_threads()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     print(server.endpoint, flush=True)
     signal.sigwait({signal.SIGTERM})
@@ -186,6 +209,16 @@ class Sigterm(unittest.TestCase):
             except subprocess.TimeoutExpired:
                 unit.kill()
                 self.fail("the unit did not take SIGTERM")
+
+    def test_runtime_threads_block_signals(self):
+        """Every thread the runtime starts, libzmq's and pyzmq's included, blocks signals from
+        its first instruction: libzmq's threads block them only once they run, and pyzmq's
+        collector takes the mask of the thread whose send starts it."""
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-masks"],
+                             stdout=subprocess.PIPE, timeout=60, check=True).stdout.decode()
+        lines = out.split("\n")[:-1]
+        self.assertGreaterEqual(len(lines), 8, out)  # server 2, janitor, 2 contexts, collector
+        self.assertEqual([ln for ln in lines if not ln.endswith(" blocks")], [], out)
 
     @staticmethod
     def call_quietly(client, address):
@@ -245,6 +278,9 @@ class Sigterm(unittest.TestCase):
 if __name__ == "__main__":
     if "--child-waits" in sys.argv:
         child_waits()
+        sys.exit(0)
+    if "--child-masks" in sys.argv:
+        child_masks()
         sys.exit(0)
     if "--child" in sys.argv:
         child()

@@ -21,6 +21,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <dirent.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1839,6 +1843,62 @@ static void test_bad_start_arguments(void **state)
     assert_int_equal(ctl_client_event_fd(NULL), -1);
 }
 
+/* Whether thread `tid` of this process blocks signal `sig`, from the
+ * SigBlk line of its /proc status (-1 when it cannot be read). */
+static int thread_blocks(const char *tid, int sig)
+{
+    char path[300], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%.255s/status", tid);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+        return -1;
+    int blocked = -1;
+    while (fgets(line, sizeof line, fp))
+        if (strncmp(line, "SigBlk:", 7) == 0) {
+            unsigned long long mask = strtoull(line + 7, NULL, 16);
+            blocked = (int)((mask >> (sig - 1)) & 1);
+        }
+    fclose(fp);
+    return blocked;
+}
+
+/* Signals belong to the program: every thread the runtime and libzmq start
+ * (the unit's, the client's engine, both contexts' I/O threads and
+ * reapers) blocks them from its first instruction, so a main thread that
+ * blocks SIGTERM only now and waits for it in sigwait always takes it. The
+ * engine's thread did not block them at all. */
+static void test_runtime_threads_take_no_signals(void **state)
+{
+    fx *f = *state;
+    seen s = {0};
+    ctl_call *call = NULL;
+    pack_echo(&f->args, 7);
+    assert_int_equal(ctl_client_call_start(f->client, f->unit.endpoint, "echo",
+                                           f->args.sb.data, f->args.sb.size,
+                                           CALL_MS, on_done, &s, &call, &f->err),
+                     0);
+    assert_int_equal(ctl_call_wait(call, CALL_MS), 0);
+    ctl_call_release(call);
+    ctl_client_process(f->client, 0);
+    char self[32];
+    snprintf(self, sizeof self, "%ld", (long)syscall(SYS_gettid));
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int others = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0)
+            continue;
+        others++;
+        const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            if (thread_blocks(e->d_name, sigs[i]) != 1)
+                fail_msg("thread %s does not block signal %d", e->d_name, sigs[i]);
+    }
+    closedir(d);
+    assert_true(others >= 5); /* the unit's 2, the engine, 2 contexts' 2 */
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1874,6 +1934,7 @@ int main(void)
         T(test_outcomes_from_own_callback),
         T(test_many_start_null_args_target),
         T(test_bad_start_arguments),
+        T(test_runtime_threads_take_no_signals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

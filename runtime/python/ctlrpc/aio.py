@@ -50,7 +50,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Set, Tup
 import zmq
 
 from . import _wire, errors, net
-from .client import (CHECK_S, _NO_KINDS, _ZERO_COPY_MIN, Outcome, _Engine, _ms, _Pending,
+from .client import (CHECK_S, _NO_KINDS, Outcome, _Engine, _ms, _Pending, _send_frame,
                      _pending_of, _request, log)
 from .net import ZMQ_EVENTS, ZMQ_FD
 from .retry import RetryPolicy
@@ -273,7 +273,7 @@ class Client(_Engine):
         failure: Optional[errors.Transfer] = None
         while True:
             try:
-                sock.send(payload, zmq.NOBLOCK, copy=len(payload) >= _ZERO_COPY_MIN)
+                _send_frame(sock, payload)
             except zmq.Again:
                 if not self._pool.connected(sock):
                     self._park(address, sock, op, payload)
@@ -347,7 +347,7 @@ class Client(_Engine):
             while ob.queue:
                 op, payload = ob.queue[0]
                 try:
-                    ob.sock.send(payload, zmq.NOBLOCK, copy=len(payload) >= _ZERO_COPY_MIN)
+                    _send_frame(ob.sock, payload)
                     ob.queue.popleft()
                     self._pool.count(ob.address, "notifies")
                     continue

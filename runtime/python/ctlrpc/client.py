@@ -749,6 +749,7 @@ class _Engine:
                              "(curve_server_key)")
         self._own_ctx = context is None
         self._ctx = zmq.Context() if context is None else context
+        _threads.start_zmq(self._ctx)
         self._pool = _Pool(self._ctx, max(1, max_idle_per_address), max(1, max_retired),
                            late_grace, max_msg_bytes, keys, float(idle_timeout),
                            max(1, max_addresses), retry)
@@ -1010,9 +1011,7 @@ class _Engine:
                 self._swap(p, op)
                 continue
             try:
-                # Small messages are copied: a zero-copy Frame costs more than the copy below
-                # 32 KiB (as the server decides for its replies).
-                p.sock.send(p.data, ZMQ_NOBLOCK, copy=len(p.data) >= _ZERO_COPY_MIN)
+                _send_frame(p.sock, p.data)
                 self._pool.sent(p.sock)
             except zmq.Again:
                 # Up, but its queue is full (notifies a unit does not read): it waits.
@@ -1382,7 +1381,7 @@ class Client(_Engine):
         reading the socket's monitor every 100 ms of waiting."""
         while True:
             try:
-                sock.send(data, zmq.NOBLOCK, copy=len(data) >= _ZERO_COPY_MIN)
+                _send_frame(sock, data)
                 return
             except zmq.Again:
                 pass
@@ -1507,6 +1506,17 @@ def _literal(host: str) -> bool:
 
 
 _ZERO_COPY_MIN = 32 << 10
+
+
+def _send_frame(sock: "zmq.Socket[Any]", data: bytes) -> None:
+    """Send `data` as one message without blocking (zmq.Again when it cannot go now). Small
+    ones are copied: a zero-copy Frame costs more than the copy below 32 KiB (as the server
+    decides for its replies); larger ones are lent to ZeroMQ, which frees them once sent."""
+    if len(data) < _ZERO_COPY_MIN:
+        sock.send(data, ZMQ_NOBLOCK)
+    else:
+        _threads.zero_copy_ready()
+        sock.send(data, ZMQ_NOBLOCK, copy=False)
 
 
 def _ms(seconds: float) -> int:

@@ -720,6 +720,7 @@ class Server:
         self._last_closed_addr = "an unknown address"
         self._hs_failed = 0
         self._hs_unmatched = 0  # successes that found no connection (_handshake_succeeded)
+        _threads.start_zmq(self._ctx)
         self._router = self._ctx.socket(zmq.ROUTER)
         try:
             self._router.setsockopt(zmq.LINGER, 0)
@@ -1071,6 +1072,7 @@ class Server:
                 if size < ZERO_COPY_MIN:
                     router.send_multipart(reply, zmq.NOBLOCK)
                 else:
+                    _threads.zero_copy_ready()
                     tracker = router.send_multipart(reply, zmq.NOBLOCK, copy=False, track=True)
                     self._charge(reply[0], tracker, size)
                 core.sent(True, size)
