@@ -402,6 +402,9 @@ def char_array(data: bytes) -> str:
     return "{\n    " + ",\n    ".join(lines) + "\n}"
 
 
+NAME_MAX = 255  # the longest file name (bytes) Linux's file systems take
+
+
 def write_if_changed(path: str, text: str) -> str:
     """Write `text` to `path` unless it already holds exactly that. The bytes go to a temporary
     file of its own in the same directory, renamed over `path` once complete: a reader (or a
@@ -409,6 +412,10 @@ def write_if_changed(path: str, text: str) -> str:
     directory at once never share a temporary file. The result has the mode a plain open()
     would give a new file (0666 less the umask)."""
     data = text.encode()
+    directory, name = os.path.split(path)
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise FatalError(f"cannot write {path}: its file name is {len(os.fsencode(name))} "
+                         f"bytes, more than a file name may have ({NAME_MAX})")
     try:
         with open(path, "rb") as f:
             if f.read() == data:
@@ -417,10 +424,10 @@ def write_if_changed(path: str, text: str) -> str:
         pass
     except OSError as e:
         raise FatalError(f"cannot read {path}: {e.strerror}") from None
-    directory, name = os.path.split(path)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+        # (A name of its own, not the target's: that may be as long as a name can be.)
+        fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=".ctlrpc-gen-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
@@ -452,7 +459,8 @@ def _umask() -> int:
 def write_depfile(depfile: str, outputs: Iterable[str], inputs: Iterable[str]) -> None:
     """A Makefile-style depfile: every output depends on every IDL file read."""
     def esc(p: str) -> str:
-        return os.path.abspath(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#")
+        return (os.path.abspath(p).replace("\\", "\\\\").replace(" ", "\\ ")
+                .replace("#", "\\#").replace("$", "$$"))
 
     # One rule per output, each naming every input. (A rule that makes one output depend
     # on another would be a dependency cycle to Ninja, which builds both in one edge.)

@@ -15,9 +15,12 @@ This module decides what the model leaves open for Python:
   a trailing `_` (more than one if that is taken too). The wire name never changes. The rules:
   records and error kinds (module level): Python keywords, builtins, and the module's own public
   names (`AsyncClient`, `Client`, `Handlers`, `serve`, `SERVICE`); ops (methods of Client,
-  AsyncClient and Handlers): keywords and the clients' own attributes (`close`, `rpc`);
+  AsyncClient and Handlers): keywords, the clients' own attributes (`close`, `rpc`) and the
+  scalar types' names (`str`, `int`, ...: the class bodies spell types by them);
   arguments (parameters): keywords and the methods' own parameters (`self`, `address`,
-  `addresses`, `timeout`); fields (dataclass attributes):
+  `addresses`, `timeout`; an argument named like a type its op returns keeps its name, and
+  the method's body spells that type `_b.bytes`, or `_R_<record>` for a record); fields
+  (dataclass attributes):
   keywords, `self` and the record class names (a class attribute would shadow them in the
   annotations of its class; a field named like a scalar type, `bytes`, makes that class spell
   the type `_b.bytes` instead).
@@ -32,8 +35,9 @@ from typing import Dict, Iterable, List, Optional, Set
 
 from . import model as m
 from .diag import FatalError
-from .render import (display_path, idl_hash, read_idl_files, template_env, write_depfile,
-                     write_if_changed)
+from .diag import printable
+from .render import (NAME_MAX, display_path, idl_hash, read_idl_files, template_env,
+                     write_depfile, write_if_changed)
 
 # Python keywords (soft keywords such as `match` are valid names). A fixed list, so the output
 # does not depend on the Python that runs the generator.
@@ -42,14 +46,18 @@ _KEYWORDS = frozenset((
     "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if",
     "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try",
     "while", "with", "yield"))
-# The builtins the generated module uses at module level: a record or an error kind must not
-# shadow them.
+# The builtins the generated module uses: a record or an error kind (a module name) must not
+# shadow them. tests/pygen's test_generated checks that every builtin a generated module
+# names is here.
 _BUILTINS = frozenset((
     "bool", "int", "float", "str", "bytes", "bytearray", "memoryview", "list", "tuple", "dict",
-    "object", "type", "isinstance", "len", "getattr", "repr", "super", "enumerate", "zip",
-    "Exception", "TypeError", "ValueError", "OverflowError", "NotImplementedError"))
+    "object", "type", "isinstance", "hasattr", "len", "getattr", "repr", "super", "enumerate",
+    "zip", "range", "reversed", "chr", "property", "BaseException", "Exception", "TypeError",
+    "ValueError", "OverflowError", "NotImplementedError"))
 MODULE_NAMES = frozenset({"AsyncClient", "Client", "Handlers", "serve", "SERVICE"})
-CLIENT_ATTRS = frozenset({"close", "rpc"})
+# An op is a method of the clients and Handlers, whose class bodies spell the scalar types
+# (`address: str`, `-> int`) by their builtin names: a method of that name would shadow them.
+CLIENT_ATTRS = frozenset({"close", "rpc", "bool", "int", "float", "str", "bytes"})
 PARAM_NAMES = frozenset({"self", "address", "addresses", "timeout"})
 SCALAR_PY = {
     "bool": "bool",
@@ -98,6 +106,7 @@ class PyRenderer:
     def __init__(self, model: m.Model, display_root: Optional[str] = None) -> None:
         self.model = model
         self.names = PyNames(model)
+        self.tvars = self._tvars()
         self.display_root = display_root
         self.env = template_env()
         f = self.env.filters
@@ -118,6 +127,8 @@ class PyRenderer:
         g["record_doc"] = self.record_doc
         g["values_tuple"] = self.values_tuple
         g["shadow"] = self.shadow
+        g["body_shadow"] = self.body_shadow
+        g["record_aliases"] = self.record_aliases
 
     # -- types ----------------------------------------------------------------------------
 
@@ -135,7 +146,8 @@ class PyRenderer:
                    f"{self.py_type(t.value, shadow)}]"
         if isinstance(t, m.OptionalOf):
             return f"_t.Optional[{self.py_type(t.inner, shadow)}]"
-        return self.names.records[t.name]
+        py = self.names.records[t.name]
+        return f"_R_{py}" if py in shadow else py
 
     def in_type(self, t: m.Type) -> str:
         """The annotation of a value given to the generated code (an argument, a handler's
@@ -165,6 +177,23 @@ class PyRenderer:
         """The scalar type names a record's fields shadow in its class body."""
         return sorted(set(self.names.fields[r.name].values()) & set(SCALAR_PY.values()))
 
+    def body_shadow(self, op: m.Op) -> List[str]:
+        """The names an op's arguments (its method's parameters) shadow in the method's body,
+        where its result type is spelled: scalar type names (spelled `_b.str`) and record
+        class names (spelled `_R_<record>`, a module alias of the class: `record_aliases`)."""
+        return sorted(set(self.names.args[op.name].values()))
+
+    def record_aliases(self) -> List[str]:
+        """The records some op's argument shadows where the op's result spells them, in model
+        order: each gets a module alias `_R_<record>`."""
+        shadowed: Set[str] = set()
+        for op in self.model.ops:
+            if op.result is not None:
+                args = set(self.names.args[op.name].values())
+                shadowed |= {self.names.records[n] for n in _records_in(op.result)} & args
+        return [self.names.records[r.name] for r in self.model.records
+                if self.names.records[r.name] in shadowed]
+
     def tname(self, t: m.Type) -> str:
         if isinstance(t, m.Scalar):
             return t.name
@@ -177,8 +206,27 @@ class PyRenderer:
         return t.name
 
     def tvar(self, t: m.Type) -> str:
-        """The module variable holding the descriptor of `t` (`_T_list_str`)."""
-        return "_T_" + self.tname(t)
+        """The module variable holding the descriptor of `t` (`_T_list_str`): `_T_` and its
+        spelled name, with trailing `_` where two types would spell the same (a record named
+        `opt_R` and `R?`: the record keeps `_T_opt_R`), decided once over the model's types in
+        their order."""
+        return self.tvars[t]
+
+    def _tvars(self) -> Dict[m.Type, str]:
+        out: Dict[m.Type, str] = {}
+        taken: Set[str] = set()
+        # Scalars and records first: theirs are `_T_<name>` always (the template's own).
+        types = [m.Scalar(s) for s in m.SCALARS] + \
+            [m.RecordRef(r.name) for r in self.model.records] + list(self.model.types)
+        for t in types:
+            if t in out:
+                continue
+            name = "_T_" + self.tname(t)
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            out[t] = name
+        return out
 
     # -- docs -----------------------------------------------------------------------------
 
@@ -258,6 +306,31 @@ class PyRenderer:
         name = f"{model.service.name}_ctl.py"
         return [write_if_changed(os.path.join(out_dir, name), text)]
 
+    def check_module_name(self) -> None:
+        """The module's file name, `<service>_ctl.py`, must be a name a file may have."""
+        svc = self.model.service
+        size = len(f"{svc.name}_ctl.py".encode())
+        if size > NAME_MAX:
+            loc = svc.loc
+            raise FatalError(f"{loc.path}:{loc.line}:{loc.col}: service '{svc.name[:40]}...' "
+                             f"is too long a name for Python: its module {svc.name[:8]}..._ctl.py "
+                             f"would be a file name of {size} bytes, more than the "
+                             f"{NAME_MAX} a file name may have (at most "
+                             f"{NAME_MAX - len('_ctl.py')} characters)")
+
+
+def _records_in(t: m.Type) -> Set[str]:
+    """The names of the records type `t` spells (a list's element, a map's value, ...)."""
+    if isinstance(t, m.RecordRef):
+        return {t.name}
+    if isinstance(t, m.ListOf):
+        return _records_in(t.elem)
+    if isinstance(t, m.MapOf):
+        return _records_in(t.value)
+    if isinstance(t, m.OptionalOf):
+        return _records_in(t.inner)
+    return set()
+
 
 def py_literal(v: m.Value, t: m.Type) -> str:
     """A default as a Python literal of the argument's input type (an empty tuple for a list,
@@ -299,7 +372,11 @@ def docstring(lines: Iterable[str], indent: str) -> str:
     lines = [line.rstrip() for line in lines]
     while lines and not lines[-1]:
         lines.pop()
-    text = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    # Backslashes first; then control, format (bidi controls included) and separator
+    # characters as escapes (diag.printable, as the C comments have them): the docstring's
+    # value keeps them, its source shows them.
+    text = "\n".join(printable(line.replace("\\", "\\\\")) for line in lines)
+    text = text.replace('"""', '\\"\\"\\"')
     if text.endswith('"'):
         text = text[:-1] + '\\"'
     body = "\n".join((indent + line) if (line and i) else line
@@ -316,7 +393,9 @@ def render(model: m.Model, out_dir: str, display_root: Optional[str] = None,
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise FatalError(f"cannot create output directory {out_dir}: {e.strerror}") from None
-    paths = PyRenderer(model, display_root).render(out_dir)
+    renderer = PyRenderer(model, display_root)
+    renderer.check_module_name()
+    paths = renderer.render(out_dir)
     if depfile:
         write_depfile(depfile, paths, model.files)
     return paths

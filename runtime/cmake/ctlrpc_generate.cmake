@@ -124,7 +124,7 @@ function(ctlrpc_generate target)
   elseif(ARG_STRICT)
     message(FATAL_ERROR "ctlrpc_generate(${target}): STRICT needs AGAINST <old.idl>")
   endif()
-  get_filename_component(stem "${idl}" NAME_WE)
+  get_filename_component(stem "${idl}" NAME_WLE) # as ctlrpc-gen: only the last extension goes
   if(NOT ARG_OUT)
     set(ARG_OUT "${CMAKE_CURRENT_BINARY_DIR}/ctlrpc-gen/${stem}")
   endif()

@@ -194,6 +194,85 @@ class Generated(unittest.TestCase):
                                                         "address_": "z"})
             self.assertIn("('address__', 'z')", raw["lambda"])
 
+    def test_shadowing_names(self) -> None:
+        # shadows.v1.idl: names the generated module could confuse with its own. Records
+        # named like builtins it uses get a '_', the record opt_R keeps its name beside R?,
+        # an op named str is str_, and an argument named like its op's result type keeps its
+        # name.
+        sh = support.load(os.path.join(support.HERE, "shadows.v1.idl"), "shadows")
+        self.assertEqual([sh.property_.__name__, sh.chr_.__name__, sh.reversed_.__name__,
+                          sh.hasattr_.__name__, sh.range_.__name__],
+                         ["property_", "chr_", "reversed_", "hasattr_", "range_"])
+        self.assertTrue(issubclass(sh.BaseException_, ctlrpc.DeclaredError))
+        self.assertTrue(hasattr(sh.Client, "str_") and not hasattr(sh.Client, "str"))
+
+        class ShadowsUnit(sh.Handlers):  # type: ignore
+            def f(self, *, x: Any) -> Any:
+                return sh.opt_R(b="none" if x is None else str(x.a))
+
+            def g(self, *, y: Any) -> Any:
+                return None if y.b == "none" else sh.R(a=int(y.b))
+
+            def h(self, *, z: Any, w: Any) -> Any:
+                return [sh.opt_R(b=str(len(z or [])))] + ([w] if w else [])
+
+            def props(self, *, p: Any, c: Any, r: Any, h: Any, n: Any) -> Any:
+                if p.p == 13:
+                    raise sh.BaseException_("thirteen")
+                return [p, sh.property_(p=c.q + r.r + h.s + n.t)]
+
+            def str_(self, *, str: Any) -> Any:  # noqa: A002 (the IDL's name)
+                return str * 2
+
+            def read(self, *, offset: int, bytes: int) -> Any:  # noqa: A002
+                return b"\x00" * bytes + offset.to_bytes(8, "big")
+
+            def nested(self, *, property: Any, chr: int, Inner: Any) -> Any:  # noqa: A002
+                return None if chr else [Inner, sh.Inner(i=property.p)]
+
+        with sh.serve(ShadowsUnit(), "tcp://127.0.0.1:0") as server, \
+                sh.Client(timeout=10.0) as c:
+            a = server.endpoint
+            self.assertEqual(c.f(a, x=sh.R(a=5)), sh.opt_R(b="5"))
+            self.assertEqual(c.f(a), sh.opt_R(b="none"))
+            self.assertEqual(c.g(a, y=sh.opt_R(b="7")), sh.R(a=7))
+            self.assertIsNone(c.g(a, y=sh.opt_R(b="none")))
+            self.assertEqual(c.h(a, z=[sh.R(a=1)] * 3, w=sh.opt_R(b="w")),
+                             [sh.opt_R(b="3"), sh.opt_R(b="w")])
+            self.assertEqual(c.props(a, p=sh.property_(p=1), c=sh.chr_(q=2),
+                                     r=sh.reversed_(r=3), h=sh.hasattr_(s=4), n=sh.range_(t=5)),
+                             [sh.property_(p=1), sh.property_(p=14)])
+            with self.assertRaises(sh.BaseException_):
+                c.props(a, p=sh.property_(p=13), c=sh.chr_(), r=sh.reversed_(),
+                        h=sh.hasattr_(), n=sh.range_())
+            with self.assertRaises(ValueError):  # a bad value is refused before sending
+                c.props(a, p=sh.property_(p=-1), c=sh.chr_(), r=sh.reversed_(),
+                        h=sh.hasattr_(), n=sh.range_())
+            self.assertEqual(c.str_(a, str="ab"), "abab")
+            self.assertEqual(c.read(a, offset=1, bytes=2), b"\x00\x00" + bytes(7) + b"\x01")
+            self.assertEqual(c.nested(a, property=sh.property_(p=9), Inner=sh.Inner()),
+                             [sh.Inner(i=-1), sh.Inner(i=9)])
+            self.assertIsNone(c.nested(a, property=sh.property_(), chr=1, Inner=sh.Inner()))
+            # On the wire the IDL names.
+            self.assertEqual(c.rpc.call(a, "str", {"str": "x"}), "xx")
+
+    def test_builtins_reserved(self) -> None:
+        # Every builtin a generated module names is one a record or error kind may not take.
+        import ast
+        import builtins
+        sys.path.insert(0, os.path.join(support.ROOT, "gen"))
+        from ctlrpc_gen.render_py import _BUILTINS
+        for mod in (m, names, support.load(os.path.join(support.HERE, "shadows.v1.idl"),
+                                           "shadows")):
+            with open(mod.__file__) as f:
+                tree = ast.parse(f.read())
+            bound = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)} | \
+                {n.id for n in ast.walk(tree)
+                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                    and hasattr(builtins, n.id) and n.id not in bound}
+            self.assertEqual(used - _BUILTINS, set(), mod.__name__)
+
     # -- the unit -------------------------------------------------------------------------------
 
     def test_handler_exceptions(self) -> None:
@@ -509,6 +588,72 @@ class CommandLine(unittest.TestCase):
                                   out], capture_output=True, text=True)
             self.assertEqual(bad.returncode, 1)
             self.assertIn("invalid choice: 'rust'", bad.stderr)
+
+
+    def test_doc_comments_escaped(self) -> None:
+        # A NUL, an ESC and a bidi override in a doc comment: the module imports, its source
+        # shows them as escapes, and the docstring keeps them.
+        with tempfile.TemporaryDirectory() as out:
+            idl = os.path.join(out, "ctrl.idl")
+            with open(idl, "w", encoding="utf-8") as f:
+                f.write("service ctrl;\n/// a\x00b \x1b[31m c\u202ed \\x00\nop f();\n")
+            subprocess.run([sys.executable, support.GEN, "--lang", "python", idl, "-o", out],
+                           check=True)
+            with open(os.path.join(out, "ctrl_ctl.py"), encoding="utf-8") as f:
+                source = f.read()
+            self.assertIn("a\\x00b \\x1b[31m c\\u202ed \\\\x00", source)
+            for ch in "\x00\x1b\u202e":
+                self.assertNotIn(ch, source)
+            sys.path.insert(0, out)
+            try:
+                import ctrl_ctl  # type: ignore
+            finally:
+                sys.path.remove(out)
+            self.assertIn("a\x00b \x1b[31m c\u202ed \\x00", ctrl_ctl.Client.f.__doc__)
+
+    def test_long_names(self) -> None:
+        with tempfile.TemporaryDirectory() as out:
+            # A service name of 255 characters is valid, but too long for the module's file.
+            idl = os.path.join(out, "long.idl")
+            with open(idl, "w") as f:
+                f.write("service %s;\nop f();\n" % ("s" * 255))
+            bad = subprocess.run([sys.executable, support.GEN, "--lang", "python", idl, "-o",
+                                  out], capture_output=True, text=True)
+            self.assertEqual(bad.returncode, 1, bad.stderr)
+            self.assertIn("long.idl:1:9: service 'sssss", bad.stderr)
+            self.assertIn("at most 248 characters", bad.stderr)
+            self.assertNotIn("Traceback", bad.stderr)
+            # An IDL file whose generated names are as long as a file name can be (255 bytes):
+            # written, through a temporary file of a shorter name.
+            stem = "a" * (255 - len(".ctl.h"))
+            idl = os.path.join(out, stem + ".idl")
+            with open(idl, "w") as f:
+                f.write("service a;\nop f();\n")
+            subprocess.run([sys.executable, support.GEN, idl, "-o", out], check=True)
+            self.assertIn(stem + ".ctl.h", os.listdir(out))
+            self.assertEqual([n for n in os.listdir(out) if n.endswith(".tmp")], [])
+            # One byte more: refused, naming the file.
+            idl = os.path.join(out, stem + "a.idl")
+            with open(idl, "w") as f:
+                f.write("service a;\nop f();\n")
+            bad = subprocess.run([sys.executable, support.GEN, idl, "-o", out],
+                                 capture_output=True, text=True)
+            self.assertEqual(bad.returncode, 1, bad.stderr)
+            self.assertIn("its file name is 256 bytes, more than a file name may have (255)",
+                          bad.stderr)
+
+    def test_depfile_escapes_dollar(self) -> None:
+        with tempfile.TemporaryDirectory() as out:
+            idl = os.path.join(out, "a$b.idl")
+            with open(idl, "w") as f:
+                f.write("service ab;\nop f();\n")
+            dep = os.path.join(out, "x.d")
+            subprocess.run([sys.executable, support.GEN, idl, "-o", out, "--depfile", dep],
+                           check=True)
+            with open(dep) as f:
+                text = f.read()
+            self.assertIn("a$$b.ctl.h: ", text)
+            self.assertIn("a$$b.idl", text)
 
 
 if __name__ == "__main__":
