@@ -13,8 +13,10 @@ This module decides what the model leaves open for Python:
 - Python names (`py_names`). IDL names are used as they are, except where that would be invalid
   Python or would collide with a name the generated code itself needs; then the Python name gets
   a trailing `_` (more than one if that is taken too). The wire name never changes. The rules:
-  records and error kinds (module level): Python keywords, builtins, and the module's own public
-  names (`AsyncClient`, `Client`, `Handlers`, `serve`, `SERVICE`); ops (methods of Client,
+  records (module level, and named in annotations that may precede them): Python keywords,
+  every builtin, the module's own public names (`AsyncClient`, `Client`, `Handlers`, `serve`,
+  `SERVICE`) and the clients' methods (`close`, `rpc`, `<op>_many`); error kinds (module
+  level): keywords, the builtins the module uses, and its public names; ops (methods of Client,
   AsyncClient and Handlers): keywords, the clients' own attributes (`close`, `rpc`) and the
   scalar types' names (`str`, `int`, ...: the class bodies spell types by them);
   arguments (parameters): keywords and the methods' own parameters (`self`, `address`,
@@ -54,6 +56,33 @@ _BUILTINS = frozenset((
     "object", "type", "isinstance", "hasattr", "len", "getattr", "repr", "super", "enumerate",
     "zip", "range", "reversed", "chr", "property", "BaseException", "Exception", "TypeError",
     "ValueError", "OverflowError", "NotImplementedError"))
+# Every builtin of Python 3.8 to 3.13 (a fixed list: the output must not depend on the Python
+# that runs the generator). A record is named in annotations that may come before its class,
+# and mypy takes a name not yet defined for the builtin of that name: a record may shadow none.
+_ALL_BUILTINS = frozenset((
+    "ArithmeticError", "AssertionError", "AttributeError", "BaseException",
+    "BaseExceptionGroup", "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning",
+    "ChildProcessError", "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError",
+    "ConnectionResetError", "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning",
+    "EnvironmentError", "Exception", "ExceptionGroup", "FileExistsError", "FileNotFoundError",
+    "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
+    "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
+    "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
+    "NameError", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
+    "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
+    "PythonFinalizationError", "RecursionError", "ReferenceError", "ResourceWarning",
+    "RuntimeError", "RuntimeWarning", "StopAsyncIteration", "StopIteration", "SyntaxError",
+    "SyntaxWarning", "SystemError", "SystemExit", "TabError", "TimeoutError", "TypeError",
+    "UnboundLocalError", "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError",
+    "UnicodeTranslateError", "UnicodeWarning", "UserWarning", "ValueError", "Warning",
+    "ZeroDivisionError", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
+    "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
+    "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec",
+    "exit", "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash",
+    "help", "hex", "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license",
+    "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord",
+    "pow", "print", "property", "quit", "range", "repr", "reversed", "round", "set", "setattr",
+    "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip"))
 MODULE_NAMES = frozenset({"AsyncClient", "Client", "Handlers", "serve", "SERVICE"})
 # An op is a method of the clients and Handlers, whose class bodies spell the scalar types
 # (`address: str`, `-> int`) by their builtin names: a method of that name would shadow them.
@@ -85,9 +114,14 @@ class PyNames:
 
     def __init__(self, model: m.Model) -> None:
         taken: Set[str] = set()
-        reserved_module = _BUILTINS | MODULE_NAMES
-        self.records = {r.name: _free(r.name, reserved_module, taken) for r in model.records}
-        self.errors = {e.name: _free(e.name, reserved_module, taken) for e in model.errors}
+        # A record is also named in the clients' class bodies (their annotations), beside
+        # their methods: `close`, `rpc` and each op's `<op>_many` (an op's own name is never a
+        # record's: the IDL keeps them apart).
+        reserved_records = _ALL_BUILTINS | MODULE_NAMES | CLIENT_ATTRS | \
+            {o.name + "_many" for o in model.ops}
+        self.records = {r.name: _free(r.name, reserved_records, taken) for r in model.records}
+        self.errors = {e.name: _free(e.name, _BUILTINS | MODULE_NAMES, taken)
+                       for e in model.errors}
         ops_taken: Set[str] = set()
         self.ops = {o.name: _free(o.name, CLIENT_ATTRS, ops_taken) for o in model.ops}
         self.args: Dict[str, Dict[str, str]] = {}
@@ -171,6 +205,8 @@ class PyRenderer:
         if isinstance(t, m.MapOf):
             return f"_t.Mapping[{self.py_type(m.Scalar('str'), shadow)}, " \
                    f"{self.py_type(t.value, shadow)}]"
+        if isinstance(t, m.OptionalOf) and isinstance(t.inner, (m.ListOf, m.MapOf)):
+            return f"_t.Optional[{self.field_in_type(t.inner, shadow)}]"
         return self.py_type(t, shadow)
 
     def shadow(self, r: m.Record) -> List[str]:
@@ -178,10 +214,10 @@ class PyRenderer:
         return sorted(set(self.names.fields[r.name].values()) & set(SCALAR_PY.values()))
 
     def body_shadow(self, op: m.Op) -> List[str]:
-        """The names an op's arguments (its method's parameters) shadow in the method's body,
-        where its result type is spelled: scalar type names (spelled `_b.str`) and record
+        """The names an op's arguments and its method's own parameters (`timeout`, ...)
+        shadow in the method's body, where its result type is spelled: scalar type names (spelled `_b.str`) and record
         class names (spelled `_R_<record>`, a module alias of the class: `record_aliases`)."""
-        return sorted(set(self.names.args[op.name].values()))
+        return sorted(set(self.names.args[op.name].values()) | PARAM_NAMES)
 
     def record_aliases(self) -> List[str]:
         """The records some op's argument shadows where the op's result spells them, in model
@@ -189,7 +225,7 @@ class PyRenderer:
         shadowed: Set[str] = set()
         for op in self.model.ops:
             if op.result is not None:
-                args = set(self.names.args[op.name].values())
+                args = set(self.body_shadow(op))
                 shadowed |= {self.names.records[n] for n in _records_in(op.result)} & args
         return [self.names.records[r.name] for r in self.model.records
                 if self.names.records[r.name] in shadowed]

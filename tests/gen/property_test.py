@@ -1,4 +1,5 @@
-"""Property: whatever valid IDL it is given, ctlrpc-gen emits C that compilers accept.
+"""Property: whatever valid IDL it is given, ctlrpc-gen emits C that compilers accept, and a
+Python module that imports (and, for the first cases, passes mypy --strict).
 
 A seeded generator writes random IDL that is valid by construction (records of every type,
 nested containers and optionals, records referring to each other in any declaration order,
@@ -6,7 +7,10 @@ defaults of every kind at the extremes of their ranges, hostile strings and doc 
 identifiers near the names C, C++ and the headers reserve, an imported file under a hostile
 path, file names starting with a digit or holding spaces, '*/' or non-ASCII letters). Each case
 runs ctlrpc-gen; then every C compiler installed (gcc, clang as C11; g++, clang++ as C++11, the
-header only) checks all generated pairs under -Wall -Wextra -Werror -pedantic.
+header only) checks all generated pairs under -Wall -Wextra -Werror -pedantic. Each accepted
+case is generated for Python too; the modules are imported in one child process (with the
+Python runtime, when pyzmq and msgpack are there) and the first PY_MYPY of them go through
+mypy --strict when it is installed.
 
 A case may be refused only with clean diagnostics (status 1, no traceback): some random names
 do meet a reserved one, and the generator must say so, not emit broken C. Most cases must pass.
@@ -21,6 +25,7 @@ it runs as its own ctest (gen_property), not inside gen_unittest.
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +39,21 @@ import support  # noqa: E402
 SEED = int(os.environ.get("CTLRPC_PROPERTY_SEED", "20240611"))
 CASES = int(os.environ.get("CTLRPC_PROPERTY_CASES", "300"))
 BATCH = 100
+PY_MYPY = 12
+PY_IMPORT = """
+import importlib.util, sys
+for i, path in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"case_mod{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (dataclasses look their module up there)
+    try:
+        spec.loader.exec_module(mod)
+        assert mod.Client and mod.Handlers and mod.serve, "no Client, Handlers or serve"
+    except BaseException as e:
+        print(path)
+        print(f"{type(e).__name__}: {e}")
+        sys.exit(1)
+"""
 
 WORDS = ["a", "b", "key", "size", "data", "value", "items", "count", "error", "result",
          "reply", "ctx", "h", "args", "opt", "entry", "init", "INIT", "handler", "handlers",
@@ -41,7 +61,11 @@ WORDS = ["a", "b", "key", "size", "data", "value", "items", "count", "error", "r
          "idempotent", "true",
          "false", "null", "time", "index", "signal", "errno", "sched", "va", "yield", "X1",
          "a__b", "Zz_9", "present", "outcome", "many", "serve", "client_id", "stat", "EOF_",
-         "SIZE", "max", "min", "abs", "free", "on", "on_x", "t", "u64x"]
+         "SIZE", "max", "min", "abs", "free", "on", "on_x", "t", "u64x",
+         # names Python takes otherwise: builtins, keywords, the generated methods' own
+         "property", "chr", "range", "reversed", "hasattr", "bytes", "object", "type", "len",
+         "Exception", "BaseException", "None", "lambda", "from", "self", "timeout", "address",
+         "close", "rpc", "Client", "SERVICE", "R", "opt_R"]
 BAD_NAMES = {"true", "false"}  # C keywords: always refused
 BAD_TOP_NAMES = {"list", "map", "str", "op", "record", "service", "import", "raises", "notify",
                  "null", "handlers", "serve", "u64x_init"}
@@ -213,7 +237,7 @@ class Property(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="ctlrpc-property-")
         self.addCleanup(shutil.rmtree, tmp)
         started = time.monotonic()
-        refused, cases, texts = 0, [], {}
+        refused, cases, texts, modules = 0, [], {}, []
         for case in range(CASES):
             main, imported = Gen(rng).program()
             d = os.path.join(tmp, f"case{case}")
@@ -235,7 +259,13 @@ class Property(unittest.TestCase):
                 refused += 1
                 continue
             cases.append((d, stem))
+            status, out, err = support.run(["--lang", "python", path, "-o",
+                                            os.path.join(d, "py")])
+            self.assertEqual(status, 0, context + err)
+            (py,) = os.listdir(os.path.join(d, "py"))
+            modules.append((os.path.join(d, "py", py), case))
         generated = time.monotonic() - started
+        self.check_python(modules, texts)
         self.assertLess(refused, CASES // 2, f"seed {SEED}: {refused} of {CASES} refused")
         failures = []
         if compilers:
@@ -251,6 +281,40 @@ class Property(unittest.TestCase):
                          f"generated in {generated:.1f}s, compiled with "
                          f"{', '.join(os.path.basename(c) for c, _ in compilers) or 'nothing'} "
                          f"in {time.monotonic() - started - generated:.1f}s\n")
+
+    def check_python(self, modules, texts):
+        """Import every generated module in one child; mypy --strict over the first few."""
+        runtime = os.path.join(support.REPO, "runtime", "python")
+        env = dict(os.environ, PYTHONPATH=runtime)
+        probe = subprocess.run([sys.executable, "-c", "import zmq, msgpack"], env=env,
+                               capture_output=True)
+        if probe.returncode != 0:
+            sys.stderr.write("property: Python modules not imported (no pyzmq or msgpack)\n")
+            return
+        paths = [p for p, _ in modules]
+        got = subprocess.run([sys.executable, "-c", PY_IMPORT] + paths, env=env,
+                             capture_output=True, text=True, timeout=600)
+        if got.returncode != 0:
+            bad = got.stdout.split("\n")[0]
+            case = dict(modules).get(bad, -1)
+            d = os.path.dirname(os.path.dirname(bad))
+            main, imported = texts.get(d, ("?", None))
+            self.fail("a generated Python module does not import\n" +
+                      self.context(case, main, imported, got.stdout + got.stderr[-4000:]))
+        mypy = shutil.which("mypy")
+        if mypy is None or not paths:
+            return
+        sample, names = [], set()  # (one module of a name: mypy takes files as modules)
+        for p in paths:
+            if os.path.basename(p) not in names and len(sample) < PY_MYPY:
+                names.add(os.path.basename(p))
+                sample.append(p)
+        got = subprocess.run([mypy, "--strict", "--no-incremental", "--cache-dir", os.devnull]
+                             + sample,
+                             env=dict(env, MYPYPATH=runtime), capture_output=True, text=True,
+                             timeout=600)
+        self.assertEqual(got.returncode, 0, f"seed {SEED}: mypy --strict over "
+                         f"{len(sample)} generated modules\n" + got.stdout[-6000:])
 
     @staticmethod
     def context(case, main, imported, err):
