@@ -334,8 +334,25 @@ static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
     reply_clear(d);
     msgpack_packer_init(&pk, &d->out, ctl_sbuffer_write);
     if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
-        ctl_env_pack_error(&pk, err) != 0)
+        ctl_env_pack_error(&pk, err) != 0) {
         msgpack_sbuffer_clear(&d->out);
+        return;
+    }
+    if (d->out.size > d->max_reply_bytes) {
+        /* An error is bounded as a result is (a Missing that lists every
+         * blob of a large request): the caller hears why instead. */
+        ctl_error big;
+        ctl_error_init(&big);
+        ctl_error_set(&big, CTL_PROTOCOL,
+                      "the %s reply is %zu bytes, larger than this unit's max_reply_bytes "
+                      "(%zu bytes): ask for less in one call",
+                      ctl_kind_name(err->kind), d->out.size, d->max_reply_bytes);
+        msgpack_sbuffer_clear(&d->out);
+        if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
+            ctl_env_pack_error(&pk, &big) != 0)
+            msgpack_sbuffer_clear(&d->out);
+        ctl_error_fini(&big);
+    }
 }
 
 /* The bytes of the reply so far. */

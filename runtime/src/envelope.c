@@ -289,6 +289,11 @@ ctl_decode ctl_env_decode_request(const void *data, size_t len,
         snprintf(why, why_len, "the request id is not a string");
         return CTL_DECODE_DROP;
     }
+    if (out->id.len > CTL_ID_MAX) {
+        snprintf(why, why_len, "the request id is %zu bytes, more than %d", out->id.len,
+                 CTL_ID_MAX);
+        return CTL_DECODE_DROP;
+    }
     if (read_body(&c, limits, zone, &out->args, "args", why, why_len) != 0)
         return CTL_DECODE_BAD;
     if (out->args.type != MSGPACK_OBJECT_MAP) {

@@ -37,6 +37,11 @@
 #define CTL_ID_UNIQUE_LEN 12
 #define CTL_ID_DEADLINE_DIGITS 13
 #define CTL_ID_LEN (CTL_ID_UNIQUE_LEN + 1 + CTL_ID_DEADLINE_DIGITS)
+/* The longest request id a unit takes, in bytes (docs/PROTOCOL.md): every
+ * reply echoes the id, so a longer one would let a peer make each small
+ * error or Busy reply as large as its request. A request with a longer id
+ * is dropped and counted. */
+#define CTL_ID_MAX 256
 /* The longest deadline a unit reads from an id (docs/PROTOCOL.md). */
 #define CTL_ID_DEADLINE_MAX_DIGITS 16
 

@@ -224,9 +224,20 @@ class TestCalls(ServerCase):
 
     def test_empty_and_odd_ids(self):
         s = self.raw()
-        for rid in ("", "x" * 300, "\u00e9"):
+        for rid in ("", "x" * 256, "\u00e9" * 128, "\u00e9"):
             s.send(pack(["echo", rid, {"v": 7}]))
             self.assertEqual(unpack(self.recv(s)[-1]), [rid, True, 7])
+
+    def test_long_ids_dropped(self):
+        """Every reply echoes the id: one over 256 bytes (UTF-8) is dropped and counted, never
+        answered, so no peer can make each error or Busy reply as large as its request."""
+        s = self.raw()
+        before = self.server.stats()["dropped"]
+        for rid in ("x" * 257, "\u00e9" * 129, "y" * 70000):
+            s.send(pack(["echo", rid, {"v": 7}]))
+            s.send(pack(["nope", rid, {}]))
+        self.nothing(s)
+        support.wait_for(lambda: self.server.stats()["dropped"] == before + 6, "6 dropped")
 
     def test_raises_enforced(self):
         strict = self.serve(raises={"fail": ["UnitFull", "NotFound"], "echo": []})
@@ -607,6 +618,17 @@ class TestBounds(ServerCase):
             self.assertIn("larger than this unit's max_reply_bytes (1000 bytes", str(cm.exception))
             self.assertEqual(self.c.call(srv.endpoint, "echo", {"v": b"x" * 900}), b"x" * 900)
             self.assertEqual(srv.op_stats()["ops"]["echo"]["errors"]["Protocol"], 1)
+            # An error is bounded as a result is: a Missing listing more than that.
+            with self.assertRaises(ctlrpc.Transfer) as cm:
+                self.c.call(srv.endpoint, "fail", {"what": "Missing", "msg": "gone",
+                                                   "blobs": ["k%04d" % i for i in range(500)]})
+            self.assertEqual(cm.exception.remote_kind, "Protocol")
+            self.assertRegex(cm.exception.msg, r"^the Missing reply is \d+ bytes, larger than "
+                             r"this unit's max_reply_bytes \(1000 bytes\): ask for less in one "
+                             r"call$")
+            with self.assertRaises(ctlrpc.Missing) as cm:
+                self.c.call(srv.endpoint, "fail", {"what": "Missing", "blobs": ["a", "b"]})
+            self.assertEqual(cm.exception.blobs, ["a", "b"])
         finally:
             srv.close()
 

@@ -807,7 +807,8 @@ static void test_empty_result_is_nil(void **state)
 }
 
 /* The id comes back byte for byte in the reply head, and the handler sees
- * it (and the op) as sent: empty, with NUL bytes, not UTF-8, long. */
+ * it (and the op) as sent: empty, with NUL bytes, not UTF-8, as long as a
+ * unit takes (256 bytes). */
 static void test_ids_echoed(void **state)
 {
     fx *f = *state;
@@ -820,8 +821,8 @@ static void test_ids_echoed(void **state)
         {"a\0b\0", 4},
         {"\xff\xfe\x80", 3},
         {"000000000abc", 12},
-        {long_id, 300},          /* str16 */
-        {long_id, sizeof long_id}, /* str32 */
+        {long_id, 200},          /* str8 */
+        {long_id, 256},          /* str16, the longest */
     };
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         tu_buf_reset(&f->args);
@@ -847,6 +848,63 @@ static void test_ids_echoed(void **state)
         want_error(f, ids[i], "Protocol", "unknown op 'nope' (service dt)", NULL, NULL, 0);
         expect_out(f);
     }
+}
+
+/* Every reply echoes the id, so a longer one than 256 bytes would let a
+ * peer make each error or Busy reply as large as its request: dropped and
+ * counted, never answered. */
+static void test_long_ids_dropped(void **state)
+{
+    fx *f = *state;
+    static char long_id[70000];
+    memset(long_id, 'x', sizeof long_id);
+    const size_t lens[] = {257, 300, sizeof long_id};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        tu_buf_reset(&f->args);
+        pack_req(f, "whoami", (ctl_str){long_id, lens[i]});
+        assert_int_equal(serve(f), CTL_DISPATCH_DROPPED);
+        assert_int_equal(f->d.out.size, 0);
+    }
+    assert_int_equal(counter(&f->d.counters.dropped), 3);
+    assert_int_equal(f->st.calls, 0);
+}
+
+/* An error reply is bounded as a result is: a Missing that lists more
+ * than max_reply_bytes of blobs goes out as the Protocol error saying so. */
+static void test_error_reply_bounded(void **state)
+{
+    fx *f = *state;
+    f->d.max_reply_bytes = 40;
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "kind");
+    tu_pk_str(&f->args.pk, "missing");
+    assert_int_equal(call(f, "fail_error"), CTL_DISPATCH_REPLY);
+    msgpack_zone zone;
+    tu_reply r;
+    msgpack_zone_init(&zone, 1024);
+    assert_int_equal(tu_parse_reply(f->d.out.data, f->d.out.size, &zone, &r), 0);
+    assert_false(r.ok);
+    assert_true(tu_obj_is_str(tu_obj_get(&r.body, "kind"), "Protocol"));
+    const msgpack_object *msg = tu_obj_get(&r.body, "msg");
+    assert_non_null(msg);
+    char text[256];
+    snprintf(text, sizeof text, "%.*s", (int)msg->via.str.size, msg->via.str.ptr);
+    if (!strstr(text, "the Missing reply is ") ||
+        !strstr(text, "bytes, larger than this unit's max_reply_bytes (40 bytes): ask for "
+                      "less in one call"))
+        fail_msg("got: %s", text);
+    msgpack_zone_destroy(&zone);
+    /* One that fits goes as it is. */
+    f->d.max_reply_bytes = 4096;
+    tu_buf_reset(&f->args);
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "kind");
+    tu_pk_str(&f->args.pk, "missing");
+    static const ctl_str blobs[] = {{"b\0one", 5}, {"", 0}};
+    assert_int_equal(call(f, "fail_error"), CTL_DISPATCH_REPLY);
+    want_error(f, LIT(ID), "Missing", "two gone", NULL, blobs, 2);
+    expect_out(f);
 }
 
 /* Scratch memory is aligned and lives until the reply is built. */
@@ -1139,6 +1197,8 @@ int main(void)
         T(test_fail_error_kinds),
         T(test_empty_result_is_nil),
         T(test_ids_echoed),
+        T(test_long_ids_dropped),
+        T(test_error_reply_bounded),
         T(test_req_alloc),
         T(test_hold_copies_plain_buffer),
         T(test_hold_uses_transport_hook),

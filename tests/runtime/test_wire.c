@@ -569,8 +569,18 @@ static void test_request_id_with_nul_bytes(void **state)
     char long_id[1000];
     for (size_t i = 0; i < sizeof long_id; i++)
         long_id[i] = (char)(i % 7 == 0 ? 0 : 'a' + i % 26);
-    ctl_str lid = {long_id, sizeof long_id};
+    ctl_str lid = {long_id, 256}; /* the longest a unit takes */
     roundtrip_request(f, ctl_str_c("get"), lid);
+    /* One byte longer: dropped (every reply echoes the id). */
+    ctl_env_request v;
+    tu_buf_reset(&f->buf);
+    assert_int_equal(pack_request(&f->buf.sb, ctl_str_c("get"), (ctl_str){long_id, 257},
+                                  f->args.sb.data, f->args.sb.size),
+                     0);
+    assert_int_equal(ctl_env_decode_request(f->buf.sb.data, f->buf.sb.size, &f->lim,
+                                            &f->zone, &v, f->why, sizeof f->why),
+                     CTL_DECODE_DROP);
+    assert_string_equal(f->why, "the request id is 257 bytes, more than 256");
 }
 
 static void test_request_null_args_is_empty_map(void **state)

@@ -135,8 +135,9 @@ typedef struct ctl_server_options {
     bool describe_off;
     /* The largest reply payload the unit sends, in bytes; 0: the message
      * limit (limits.max_msg_bytes), which is also what a client accepts by
-     * default. A reply that would be larger is refused with a Protocol
-     * error saying so: a generated op's result is measured before any of
+     * default. A reply that would be larger (a result, or an error: a
+     * Missing listing many blobs) is refused with a Protocol error saying
+     * so: a generated op's result is measured before any of
      * it is packed (ctl_type_packed_size), and a hand-written handler's
      * packing stops at the bound, so no reply costs the unit more than this
      * much memory to build. */

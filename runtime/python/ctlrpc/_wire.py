@@ -293,6 +293,11 @@ def pack_error_reply(rid: str, kind: str, msg: str, reason: Optional[str] = None
 
 # ---- deadlines in ids -------------------------------------------------------------------------
 
+# The longest request id a unit takes, in bytes (docs/PROTOCOL.md): every reply echoes the id,
+# so a longer one would let a peer make each small error or Busy reply as large as its request.
+# A request with a longer id is dropped and counted.
+ID_MAX = 256
+
 # The longest deadline a unit reads from an id (docs/PROTOCOL.md, "Deadlines").
 ID_DEADLINE_MAX_DIGITS = 16
 
@@ -545,7 +550,7 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
         data = bytes(data)
     env = _fast_envelope(data, limits)
     if env is not None and type(env[0]) is str and type(env[1]) is str and \
-            type(env[2]) is dict and \
+            type(env[2]) is dict and len(env[1]) <= ID_MAX // 4 and \
             all(type(k) is str for k in env[2]):
         twice = _args_repeated(data, env[2])
         if twice is not None:
@@ -560,6 +565,9 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Request:
     rid, pos = _read_str(data, pos)
     if rid is None:
         raise DropRequest("the request id is not a string")
+    size = len(rid.encode("utf-8", "surrogateescape"))
+    if size > ID_MAX:
+        raise DropRequest(f"the request id is {size} bytes, more than {ID_MAX}")
     try:
         args = _read_body(data, pos, limits, "args")
     except ValueError as e:
@@ -612,6 +620,8 @@ def type_name(value: Any) -> str:
         return "str"
     if isinstance(value, bytes):
         return "bin"
+    if isinstance(value, msgpack.ExtType):  # (a namedtuple: before the tuples)
+        return "ext"
     if isinstance(value, (list, tuple)):
         return "array"
     if isinstance(value, dict):

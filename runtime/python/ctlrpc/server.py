@@ -430,7 +430,18 @@ class Dispatch:
         return True
 
     def _refuse(self, rid: str, msg: str) -> bytes:
-        return _wire.pack_error_reply(rid, "Protocol", msg)
+        return self._within(rid, _wire.pack_error_reply(rid, "Protocol", msg), "Protocol")
+
+    def _within(self, rid: str, out: bytes, kind: str) -> bytes:
+        """The error reply `out`, or, when it is over max_reply_bytes (a Missing that lists
+        every blob of a large request, a long message), the Protocol error saying so: an
+        error is bounded as a result is (the C runtime's words)."""
+        if len(out) <= self.max_reply_bytes:
+            return out
+        return _wire.pack_error_reply(rid, "Protocol", f"the {kind} reply is {len(out)} bytes, "
+                                      "larger than this unit's max_reply_bytes "
+                                      f"({self.max_reply_bytes} bytes): ask for less in one "
+                                      "call")
 
     def _reply(self, rq: _wire.Request, result: Any) -> bytes:
         """`[id, true, result]`, or the Protocol error of a reply over max_reply_bytes: its
@@ -569,8 +580,9 @@ class Dispatch:
                                 "it does not declare in 'raises' (a bug in the unit): "
                                 f"{msg}")
         try:
-            out = _wire.pack_error_reply(rid, kind, msg, reason,
-                                         None if blobs is None else [str(b) for b in blobs])
+            out = self._within(rid, _wire.pack_error_reply(
+                rid, kind, msg, reason, None if blobs is None else [str(b) for b in blobs]),
+                kind)
         except (TypeError, ValueError, OverflowError) as e:
             kind = "Protocol"
             out = self._refuse(rid, f"op '{op}': its error cannot be packed: {e}")
