@@ -632,6 +632,33 @@ class TestBounds(ServerCase):
         finally:
             srv.close()
 
+    def test_handshakes_go_on_under_slow_requests(self):
+        """With the connection caps on (the ZAP handler), a peer that floods the unit with slow
+        requests does not keep a new client out: its handshake is answered between them, not
+        after a whole batch (200 x 30 ms here, past the 2 s handshake timeout)."""
+        started = threading.Event()
+
+        def slow(args):
+            started.set()
+            time.sleep(0.03)
+            return 1
+        srv = ctlrpc.Server({"slow": slow, "echo": lambda a: a.get("v")}, "tcp://127.0.0.1:0",
+                            max_connections=100, handshake_timeout=2.0)
+        flood = self.raw(server=srv)
+        try:
+            for i in range(200):
+                flood.send(pack(["slow", "f%d" % i, {}]))
+            self.assertTrue(started.wait(CALL_S), "the flood did not start")
+            client = ctlrpc.Client(timeout=3.0)
+            try:
+                t0 = time.monotonic()
+                self.assertEqual(client.call(srv.endpoint, "echo", {"v": 5}), 5)
+                self.assertLess(time.monotonic() - t0, 3.0)
+            finally:
+                client.close()
+        finally:
+            srv.close()
+
     def test_unread_replies_bound(self):
         """A peer that sends requests and does not read the replies: once the large replies
         queued for its connection reach max_queued_reply_bytes, its further requests are

@@ -63,6 +63,7 @@ Handler = Callable[[Dict[str, Any]], Any]
 
 LISTEN_BACKLOG = 4096  # connections the kernel queues (libzmq's default is 100)
 BATCH = 256  # messages served per wake-up before the close pipe is looked at again
+ZAP_SLICE = 0.010  # the longest a handshake waits for its ZAP answer behind requests
 DRAIN_QUIET = 0.050  # a draining server stops once no request has come for this long
 CLOSE_WAIT = 10.0  # how long close() waits for a running handler
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -962,11 +963,16 @@ class Server:
                 if self._zap is not None and self._zap in events:
                     self._serve_zap()
                 # Requests still queued when close is called are not served, and those
-                # queued when drain is called are answered by the drain.
+                # queued when drain is called are answered by the drain. Handshakes wait at
+                # most ZAP_SLICE behind the requests of a batch, however long they run.
+                zap_at = time.monotonic() + ZAP_SLICE
                 for _ in range(BATCH):
                     if self._stopping or self._draining or not self._serve_one() or \
                             self._partial is not None:
                         break
+                    if self._zap is not None and time.monotonic() >= zap_at:
+                        self._serve_zap()
+                        zap_at = time.monotonic() + ZAP_SLICE
                 if self._stopping:
                     break
         except Exception:
