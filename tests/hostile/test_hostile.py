@@ -837,6 +837,44 @@ class CurveAllowlistTest(UnitUnderAttack):
         self.assert_rss(self.base_rss + SMALL_SLACK, "unfinished message on a CURVE unit")
 
 
+class HeapTest(UnitUnderAttack):
+    """Memory goes back after a burst: a unit that has held thousands of connections returns
+    to about where it started once they have closed (the allocator keeps freed memory unless
+    the unit trims its heap, docs/RELIABILITY.md)."""
+
+    cap = False
+
+    def test_memory_returns_after_bursts(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1500 + 200
+        if soft < want and (hard == resource.RLIM_INFINITY or hard >= want):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+        n = min(1500, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200)
+        for _ in range(3):
+            socks = []
+            try:
+                for i in range(n):  # from addresses of their own: no per-address cap applies
+                    s = socket.socket()
+                    s.bind((f"127.0.{1 + i // 250}.{1 + i % 250}", 0))
+                    s.settimeout(10)
+                    s.connect((self.unit.host, self.unit.port))
+                    s.sendall(zmtp_greeting() + zmtp_ready())
+                    socks.append(s)
+                wait_for(lambda: self.unit.connections() >= n, 60,
+                         f"the unit to count {n} connections", self.unit.state)
+            finally:
+                for s in socks:
+                    s.close()
+            wait_for(lambda: self.unit.connections() < 20, 60,
+                     "the connections to close", self.unit.state)
+        bound = self.base_rss + SLACK
+        wait_for(lambda: OPTS.sanitized or self.unit.rss() <= bound, 30,
+                 f"the unit's RSS back within {bound / MiB:.1f} MiB", self.unit.state)
+        self.assert_rss(bound, "after three bursts of %d connections" % n)
+        fresh_call(self.unit.endpoint)
+
+
 class FilesTest(unittest.TestCase):
     """Bad key and allowlist files are refused with a message naming the file and the mistake,
     by the unit and by ctl-storage."""

@@ -40,6 +40,7 @@ refused.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import logging
@@ -64,6 +65,8 @@ Handler = Callable[[Dict[str, Any]], Any]
 LISTEN_BACKLOG = 4096  # connections the kernel queues (libzmq's default is 100)
 BATCH = 256  # messages served per wake-up before the close pipe is looked at again
 ZAP_SLICE = 0.010  # the longest a handshake waits for its ZAP answer behind requests
+TRIM_AFTER_CLOSED = 64  # connections closed before the heap is trimmed (_HeapUpkeep)
+TRIM_QUIET = 1.0  # seconds without one closing first
 DRAIN_QUIET = 0.050  # a draining server stops once no request has come for this long
 CLOSE_WAIT = 10.0  # how long close() waits for a running handler
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -592,6 +595,42 @@ class Dispatch:
         return out
 
 
+class _HeapUpkeep:
+    """Memory back to the system after a burst of connections, as the C unit does: once at
+    least TRIM_AFTER_CLOSED of them have closed since the last time and none has for
+    TRIM_QUIET seconds, glibc's malloc_trim returns the heap's free pages (libzmq's memory is
+    glibc's; without it a unit's RSS stayed where the largest burst left it)."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+        self.trimmed_at = 0
+        self.quiet_since = time.monotonic()
+
+    def check(self, closed: int) -> None:
+        now = time.monotonic()
+        if closed != self.closed:
+            self.closed, self.quiet_since = closed, now
+        elif closed - self.trimmed_at >= TRIM_AFTER_CLOSED and \
+                now - self.quiet_since >= TRIM_QUIET:
+            self.trimmed_at = closed
+            trim = _malloc_trim()
+            if trim is not None:
+                trim(0)
+
+
+_TRIM: List[Any] = []
+
+
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where there is none (looked up once)."""
+    if not _TRIM:
+        try:
+            _TRIM.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]
+
+
 def _skew_ms(deadline_skew: Optional[float]) -> int:
     """The skew allowance in whole milliseconds; -1 (no check) for None or a negative one."""
     if deadline_skew is None:
@@ -1017,6 +1056,7 @@ class Server:
         try:
             waiter = select.poll()  # not select.select: the descriptor may be past 1024
             waiter.register(int(mon.getsockopt(zmq.FD)), select.POLLIN)
+            heap = _HeapUpkeep()
             while True:
                 with self._mon_lock:
                     if self._monitor_done or self._read_monitor():
@@ -1025,6 +1065,7 @@ class Server:
                     more = int(mon.getsockopt(zmq.EVENTS)) & zmq.POLLIN
                 if more:
                     continue  # a batch's worth read: let the ZAP handler in, then go on
+                heap.check(self._core.counters["disconnects"])
                 # ZeroMQ's descriptor says only that the socket's state may have changed;
                 # the reads above (zmq.EVENTS first) rearm it. Either thread may have read
                 # the events it signals: the next turn finds nothing, at no cost.
