@@ -228,6 +228,42 @@ class TestCalls(ServerCase):
             s.send(pack(["echo", rid, {"v": 7}]))
             self.assertEqual(unpack(self.recv(s)[-1]), [rid, True, 7])
 
+    def test_dropped_messages_logged(self):
+        """At debug, each dropped message and notify says why, naming the unit (the C unit's
+        lines); a closed connection is said too."""
+        ep = self.server.endpoint
+        with self.assertLogs("ctlrpc", level="DEBUG") as logs:
+            s = self.raw()
+            s.send(b"not msgpack")
+            s.send(pack(["echo", 5, {}]))
+            s.send(pack(["newer", "", {}]))
+            s.send(pack(["note", "", [1]]))
+            s.send_multipart([b"a", b"b"])  # with the identity, 3 frames
+
+            def text():
+                return "\n".join(logs.output)
+            support.wait_for(lambda: text().count("dropped a ") >= 5, "the five lines")
+            s.close(0)
+            self.socks.remove(s)
+            support.wait_for(lambda: "a connection closed" in text(), "the closed connection")
+        t = text()
+        self.assertIn(f"ctlrpc server {ep}: dropped a message: not a msgpack array of 3", t)
+        self.assertIn(f"ctlrpc server {ep}: dropped a message: the request id is not a string",
+                      t)
+        self.assertIn(f"ctlrpc server {ep}: dropped a message: a notify of unknown op 'newer'",
+                      t)
+        self.assertIn(f"ctlrpc server {ep}: dropped a notify of 'note': args must be a map, "
+                      "not array", t)
+        self.assertIn(f"ctlrpc server {ep}: dropped a message: 3 frames (the middle one is not "
+                      "empty)", t)
+        self.assertIn(f"ctlrpc server {ep}: a connection closed", t)
+
+    def test_ext_args_named(self):
+        s = self.raw()
+        s.send(pack(["echo", "x1", msgpack.ExtType(1, b"abc")]))
+        self.assertEqual(unpack(self.recv(s)[-1])[2]["msg"], "op 'echo': args must be a map, "
+                         "not ext")
+
     def test_long_ids_dropped(self):
         """Every reply echoes the id: one over 256 bytes (UTF-8) is dropped and counted, never
         answered, so no peer can make each error or Busy reply as large as its request."""

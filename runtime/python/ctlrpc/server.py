@@ -222,6 +222,7 @@ class Dispatch:
                  deadline_skew: Optional[float] = DEFAULT_DEADLINE_SKEW,
                  max_queued_reply_bytes: int = 0) -> None:
         self.deadline_skew_ms = _skew_ms(deadline_skew)
+        self.who = "unit"  # what its log lines name: the server's endpoint once it is bound
         # A request (not a notify, not a built-in) from a connection holding at least this many
         # bytes of unread replies is answered Busy "replies_unread" without running; 0: none.
         self.max_queued_reply_bytes = max_queued_reply_bytes
@@ -307,21 +308,36 @@ class Dispatch:
         try:
             return self._handle(frames, len(frames) if count is None else count, unread)
         except Exception:  # a bug here must not end the serving thread
-            log.exception("ctlrpc server: unexpected failure serving a message")
+            log.exception("ctlrpc server %s: unexpected failure serving a message", self.who)
             self.counters["dropped"] += 1
             return None
+
+    def _drop(self, why: str) -> None:
+        """A message dropped: counted, and said at debug (the C unit's line)."""
+        self.counters["dropped"] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("ctlrpc server %s: dropped a message: %s", self.who, why)
+
+    def _drop_notify(self, op: str, why: Any) -> None:
+        """A notify whose args are bad: counted in its op's dropped, said at debug."""
+        if self.cur is not None:
+            self.cur.dropped += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("ctlrpc server %s: dropped a notify of '%s': %s", self.who,
+                      _wire.show(op), why)
 
     def _handle(self, frames: Sequence[bytes], count: int,
                 unread: int = 0) -> Optional[List[bytes]]:
         delimited = count == 3 and len(frames) >= 2 and len(frames[1]) == 0
         if count < 2 or count > 3 or (count == 3 and not delimited) or len(frames) < count:
-            self.counters["dropped"] += 1
+            self._drop(f"{count} frames (" + ("the middle one is not empty" if count == 3
+                                              else "expected [identity, payload]") + ")")
             return None
         head = [frames[0], b""] if delimited else [frames[0]]
         try:
             rq = _wire.decode_request(frames[count - 1], self.limits)
-        except _wire.DropRequest:
-            self.counters["dropped"] += 1
+        except _wire.DropRequest as e:
+            self._drop(str(e))
             return None
         self.counters["requests"] += 1
         cur = self.cur = self.ops.get(rq.op)
@@ -341,7 +357,7 @@ class Dispatch:
             # The empty id is a notify's (docs/PROTOCOL.md): of an op newer than this unit. A
             # notify gets nothing back, not even an error (nor Busy while draining): its client
             # reads no reply.
-            self.counters["dropped"] += 1
+            self._drop(f"a notify of unknown op '{_wire.show(rq.op)}'")
             return None
         if self.draining:
             if handler is not None and noreply:
@@ -367,7 +383,7 @@ class Dispatch:
             return head + [self._refuse(rq.id, f"unknown op '{_wire.show(rq.op)}'{service}")]
         if rq.bad is not None or rq.args is None:
             if noreply:
-                cur.dropped += 1
+                self._drop_notify(rq.op, rq.bad)
                 return None
             cur.count_error("Protocol")
             return head + [self._refuse(rq.id, f"op '{rq.op}': {rq.bad}")]
@@ -375,7 +391,8 @@ class Dispatch:
             # A handler of an op table gets str keys only; a generated op's checks them
             # against its args itself, in the C stubs' words.
             if noreply:
-                cur.dropped += 1
+                self._drop_notify(rq.op, "arg names must be strings, not "
+                                  f"{_wire.type_name(rq.odd_key)}")
                 return None
             cur.count_error("Protocol")
             return head + [self._refuse(rq.id, f"op '{rq.op}': arg names must be strings, not "
@@ -392,8 +409,7 @@ class Dispatch:
             if failure is not None and getattr(failure, "bad_args", False):
                 # Its args would not decode (a generated op's check): dropped, as an args map
                 # that does not decode is above.
-                cur.dropped += 1
-                log.debug("ctlrpc server: dropped a notify of '%s': %s", rq.op, failure)
+                self._drop_notify(rq.op, failure)
             elif failure is not None:
                 if not isinstance(failure, errors.Error):
                     log.error("ctlrpc server: notify op '%s' failed", rq.op, exc_info=failure)
@@ -428,9 +444,9 @@ class Dispatch:
         more = (f" ({self._expired_unlogged} more like this since the last such line)"
                 if self._expired_unlogged else "")
         self._expired_log_at, self._expired_unlogged = now, 0
-        log.info("ctlrpc server: skipped a request for '%s' unserved: its deadline passed %d ms "
-                 "ago, more than the allowance of %d ms (deadline_skew), so its caller has "
-                 "given up%s", _wire.show(op), late, self.deadline_skew_ms, more)
+        log.info("ctlrpc server %s: skipped a request for '%s' unserved: its deadline passed "
+                 "%d ms ago, more than the allowance of %d ms (deadline_skew), so its caller has "
+                 "given up%s", self.who, _wire.show(op), late, self.deadline_skew_ms, more)
         return True
 
     def _refuse(self, rid: str, msg: str) -> bytes:
@@ -825,6 +841,7 @@ class Server:
                 raise OSError(e.errno, f"server: cannot bind {address}: {why}") from None
             last = self._router.getsockopt(zmq.LAST_ENDPOINT)
             self.endpoint: str = last.decode() if isinstance(last, bytes) else address
+            self._core.who = self.endpoint
             self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         except BaseException:
             self._close_sockets()
@@ -1119,10 +1136,7 @@ class Server:
                     discarded += len(frame)
         except zmq.ZMQError:
             return False  # nothing there (EAGAIN), or the socket is gone
-        if count > 3:  # dropped and counted by handle()
-            log.debug("ctlrpc server %s: dropped a message of %d frames (a request has 2 or 3)",
-                      self.endpoint, count)
-        core = self._core
+        core = self._core  # (a message of more than 3 frames: dropped, counted and said there)
         reply = core.handle(frames, count,
                             self._unread_bytes(frames[0]) if 2 <= count <= 3 else 0, discarded)
         if reply is not None:
@@ -1135,8 +1149,12 @@ class Server:
                     tracker = router.send_multipart(reply, zmq.NOBLOCK, copy=False, track=True)
                     self._charge(reply[0], tracker, size)
                 core.sent(True, size)
-            except zmq.ZMQError:
+            except zmq.ZMQError as e:
                 core.sent(False, 0)
+                self._limiter.log("send", logging.INFO, "ctlrpc server %s: cannot send a reply "
+                                  "of %d bytes: %s%s", self.endpoint, size, e.strerror,
+                                  " (the client is gone)" if e.errno == errno.EHOSTUNREACH
+                                  else "")
         core.done()
         return True
 
@@ -1181,6 +1199,9 @@ class Server:
                                       "a connection from %s: its ZeroMQ socket type is not "
                                       "one a unit talks to (a DEALER or REQ)", self.endpoint,
                                       self._last_closed_addr)
+                elif log.isEnabledFor(logging.DEBUG):
+                    log.debug("ctlrpc server %s: a connection closed (by the client, or by "
+                              "ZeroMQ for a message over max_msg_bytes)", self.endpoint)
             elif event == zmq.EVENT_ACCEPT_FAILED:
                 c["accept_failures"] += 1
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
