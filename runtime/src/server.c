@@ -634,7 +634,9 @@ static int monitor_event(ctl_server *s, uint16_t event, uint32_t value,
         bump(&c->handshake_failures);
         if (ctl_log_enabled(CTL_LOG_DEBUG))
             ctl_log(CTL_LOG_DEBUG, "server", "%s: a connection broke during its "
-                    "handshake: %s", s->endpoint, strerror((int)value));
+                    "handshake: %s", s->endpoint,
+                    value == EAGAIN ? "not finished within the handshake timeout"
+                                    : strerror((int)value));
         return 0;
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         hs->failed++;

@@ -1220,7 +1220,8 @@ class Server:
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                     # The client went away during its handshake (value: an errno).
                     log.debug("ctlrpc server %s: a connection broke during its handshake: %s",
-                              self.endpoint, os.strerror(value))
+                              self.endpoint, "not finished within the handshake timeout"
+                              if value == errno.EAGAIN else os.strerror(value))
         return False
 
     def _conn_opened(self, fd: int) -> None:
