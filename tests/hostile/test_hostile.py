@@ -850,7 +850,11 @@ class HeapTest(UnitUnderAttack):
         if soft < want and (hard == resource.RLIM_INFINITY or hard >= want):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
             self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
-        n = min(1500, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200)
+        # Within this process's files, and the unit's default cap (its open-file limit, the
+        # hard one it raises itself to, less a quarter).
+        unit_files = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        n = min(1500, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200,
+                unit_files - unit_files // 4 - 50)
         for _ in range(3):
             socks = []
             try:
