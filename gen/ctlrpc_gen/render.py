@@ -413,9 +413,10 @@ def write_if_changed(path: str, text: str) -> str:
     would give a new file (0666 less the umask)."""
     data = text.encode()
     directory, name = os.path.split(path)
-    if len(os.fsencode(name)) > NAME_MAX:
-        raise FatalError(f"cannot write {path}: its file name is {len(os.fsencode(name))} "
-                         f"bytes, more than a file name may have ({NAME_MAX})")
+    size = len(os.fsencode(name))
+    if size > NAME_MAX:
+        raise FatalError(f"cannot write {path}: its file name is {size} bytes, more than a "
+                         f"file name may have ({NAME_MAX})")
     try:
         with open(path, "rb") as f:
             if f.read() == data:

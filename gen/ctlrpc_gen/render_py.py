@@ -36,8 +36,7 @@ import os
 from typing import Dict, Iterable, List, Optional, Set
 
 from . import model as m
-from .diag import FatalError
-from .diag import printable
+from .diag import FatalError, printable
 from .render import (NAME_MAX, display_path, idl_hash, read_idl_files, template_env,
                      write_depfile, write_if_changed)
 
@@ -215,8 +214,9 @@ class PyRenderer:
 
     def body_shadow(self, op: m.Op) -> List[str]:
         """The names an op's arguments and its method's own parameters (`timeout`, ...)
-        shadow in the method's body, where its result type is spelled: scalar type names (spelled `_b.str`) and record
-        class names (spelled `_R_<record>`, a module alias of the class: `record_aliases`)."""
+        shadow in the method's body, where its result type is spelled: scalar type names
+        (spelled `_b.str`) and record class names (spelled `_R_<record>`, a module alias of
+        the class: `record_aliases`)."""
         return sorted(set(self.names.args[op.name].values()) | PARAM_NAMES)
 
     def record_aliases(self) -> List[str]:
@@ -225,8 +225,8 @@ class PyRenderer:
         shadowed: Set[str] = set()
         for op in self.model.ops:
             if op.result is not None:
-                args = set(self.body_shadow(op))
-                shadowed |= {self.names.records[n] for n in _records_in(op.result)} & args
+                shadowed |= {self.names.records[n] for n in _records_in(op.result)} & \
+                    set(self.body_shadow(op))
         return [self.names.records[r.name] for r in self.model.records
                 if self.names.records[r.name] in shadowed]
 

@@ -328,16 +328,21 @@ void ctl_dispatch_fini(ctl_dispatch *d)
 
 /* Rewind the output and pack [id, false, error-map]; leaves it empty when
  * out of memory. */
-static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
+static void pack_error_reply(ctl_dispatch *d, ctl_str id, const ctl_error *err)
 {
     msgpack_packer pk;
     reply_clear(d);
     msgpack_packer_init(&pk, &d->out, ctl_sbuffer_write);
     if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
-        ctl_env_pack_error(&pk, err) != 0) {
+        ctl_env_pack_error(&pk, err) != 0)
         msgpack_sbuffer_clear(&d->out);
-        return;
-    }
+}
+
+/* The error reply to send: pack_error_reply's, or, when that is over
+ * max_reply_bytes, the Protocol error saying so. */
+static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
+{
+    pack_error_reply(d, id, err);
     if (d->out.size > d->max_reply_bytes) {
         /* An error is bounded as a result is (a Missing that lists every
          * blob of a large request): the caller hears why instead. */
@@ -347,10 +352,7 @@ static void pack_error(ctl_dispatch *d, ctl_str id, const ctl_error *err)
                       "the %s reply is %zu bytes, larger than this unit's max_reply_bytes "
                       "(%zu bytes): ask for less in one call",
                       ctl_kind_name(err->kind), d->out.size, d->max_reply_bytes);
-        msgpack_sbuffer_clear(&d->out);
-        if (ctl_env_pack_reply_head(&pk, id, false) != 0 ||
-            ctl_env_pack_error(&pk, &big) != 0)
-            msgpack_sbuffer_clear(&d->out);
+        pack_error_reply(d, id, &big);
         ctl_error_fini(&big);
     }
 }

@@ -697,11 +697,6 @@ static bool read_events(ctl_server *s, int most)
     return true;
 }
 
-/* The monitor thread: reads the events as they come, a batch per hold of
- * the reader's lock (the ZAP handler's catch-up takes it too), until the
- * monitor stops (close) or the context is shut down; then closes the
- * reader. It waits on the socket's descriptor, which tells only that its
- * state may have changed (the reads rearm it), with a timeout as a floor. */
 /* The monitor thread's upkeep of the heap (TRIM_AFTER_CLOSED). */
 typedef struct heap_upkeep {
     uint64_t closed;     /* disconnects seen at the last look */
@@ -729,6 +724,11 @@ static void heap_upkeep_pass(ctl_server *s, heap_upkeep *h)
 #endif
 }
 
+/* The monitor thread: reads the events as they come, a batch per hold of
+ * the reader's lock (the ZAP handler's catch-up takes it too), until the
+ * monitor stops (close) or the context is shut down; then closes the
+ * reader. It waits on the socket's descriptor, which tells only that its
+ * state may have changed (the reads rearm it), with a timeout as a floor. */
 static void *monitor_main(void *arg)
 {
     ctl_server *s = arg;
