@@ -9,7 +9,13 @@
 
 #include "util_int.h"
 
-#define REPLY_ZONE_CHUNK 1024
+/* A reply's zone starts with one chunk of this many bytes (more as its
+ * decoding needs them). With msgpack's header of the chunk, a pointer,
+ * its allocation stays below the 1 KiB chunks that glibc serves from its
+ * large bins: each of those not found in the thread's cache first merges
+ * every free chunk of the fast bins, which a fan-out, holding a reply a
+ * target, paid once a reply. */
+#define REPLY_ZONE_CHUNK 960
 
 /* The reply handle, padded so that its tail is aligned for any type. */
 #define HEAD_SIZE                                                             \

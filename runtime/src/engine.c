@@ -70,6 +70,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,6 +394,23 @@ static void rq_no_address(ctl_call *call, size_t i)
     rq->done = 1;
 }
 
+/* How many targets ahead send_here reads a socket's state into the cache
+ * (a fan-out's). */
+#define PREFETCH_AHEAD 4
+
+/* Start reading what a send touches of connection `conn` (NULL: none)
+ * into the cache: its first two cache lines (its socket, its address,
+ * whether it was reused, its lost connection). */
+static void prefetch_conn(const ctl_conn *conn)
+{
+    _Static_assert(offsetof(ctl_conn, st.lost) < 128,
+                   "a send's fields of ctl_conn are in its first 128 bytes");
+    if (!conn)
+        return;
+    __builtin_prefetch(conn);
+    __builtin_prefetch((const char *)conn + 64);
+}
+
 /* Whether send_here left request `rq` for the I/O thread to send: it
  * still holds its frame (ctl_rq_send consumes it unless it found no idle
  * socket; a request without an address is done). */
@@ -412,8 +430,19 @@ static void send_here(ctl_call *call)
 {
     ctl_client *c = call->client;
     rqs_setup(call);
+    /* The idle sockets first, all under one lock: then the sends, each
+     * with the socket a few targets on being read into the cache
+     * meanwhile. A large fan-out's sockets are rarely all in the cache,
+     * and the request that leaves last ends the batch. */
+    ctl_pool_lock(c->pool);
+    for (size_t i = 0; i < call->count; i++)
+        if (call->rqs[i].address)
+            call->rqs[i].conn = ctl_pool_lend_idle_locked(c->pool, call->rqs[i].address);
+    ctl_pool_unlock(c->pool);
     for (size_t i = 0; i < call->count; i++) {
         ctl_rq *rq = &call->rqs[i];
+        if (i + PREFETCH_AHEAD < call->count)
+            prefetch_conn(call->rqs[i + PREFETCH_AHEAD].conn);
         if (!rq->address) {
             rq_no_address(call, i);
             continue;

@@ -574,11 +574,13 @@ enum lend_how {
     LEND_IDLE   /* an idle one, or none (never dial) */
 };
 
-static ctl_conn *lend(ctl_pool *p, const char *address, enum lend_how how,
-                      ctl_error *err)
+/* The lending of lend() under the pool's lock: an idle connection, or
+ * NULL (and *entry the address's entry, or NULL with `err` set). With
+ * LEND_IDLE, an address with none idle (or a bad one) is left untouched. */
+static ctl_conn *lend_locked(ctl_pool *p, const char *address, enum lend_how how,
+                             ctl_addr **entry, ctl_error *err)
 {
     ctl_conn *conn = NULL;
-    pthread_mutex_lock(&p->mu);
     ctl_addr *e = get_entry(p, address, err);
     if (e && e->n_idle && how != LEND_FRESH)
         conn = e->idle[--e->n_idle];
@@ -587,8 +589,18 @@ static ctl_conn *lend(ctl_pool *p, const char *address, enum lend_how how,
             e->peak = e->lent;
         e->used_ms = ctl_now_ms();
     }
+    *entry = e;
+    return conn;
+}
+
+static ctl_conn *lend(ctl_pool *p, const char *address, enum lend_how how,
+                      ctl_error *err)
+{
+    ctl_addr *e;
+    pthread_mutex_lock(&p->mu);
+    ctl_conn *conn = lend_locked(p, address, how, &e, err);
     pthread_mutex_unlock(&p->mu);
-    if (!e || conn || how == LEND_IDLE)
+    if (!e || conn)
         return conn;
     /* Dialing needs no lock: the new socket is not in the pool yet. */
     conn = dial(p, e, err);
@@ -610,9 +622,20 @@ ctl_conn *ctl_pool_lend_fresh(ctl_pool *p, const char *address, ctl_error *err)
     return lend(p, address, LEND_FRESH, err);
 }
 
-ctl_conn *ctl_pool_lend_idle(ctl_pool *p, const char *address)
+void ctl_pool_lock(ctl_pool *p)
 {
-    return lend(p, address, LEND_IDLE, NULL);
+    pthread_mutex_lock(&p->mu);
+}
+
+ctl_conn *ctl_pool_lend_idle_locked(ctl_pool *p, const char *address)
+{
+    ctl_addr *e;
+    return lend_locked(p, address, LEND_IDLE, &e, NULL);
+}
+
+void ctl_pool_unlock(ctl_pool *p)
+{
+    pthread_mutex_unlock(&p->mu);
 }
 
 void ctl_pool_return(ctl_pool *p, ctl_conn *conn)

@@ -148,10 +148,18 @@ ctl_conn *ctl_pool_lend(ctl_pool *pool, const char *address, ctl_error *err);
 ctl_conn *ctl_pool_lend_fresh(ctl_pool *pool, const char *address,
                               ctl_error *err);
 
-/* Lend an idle connection to `address`, or NULL when it has none (then
- * nothing is dialled, nothing is counted and no error is made: the caller
- * lends it the usual way elsewhere). */
-ctl_conn *ctl_pool_lend_idle(ctl_pool *pool, const char *address);
+/* Lend idle connections for many requests (a fan-out's targets) under
+ * one hold of the pool's lock: ctl_pool_lock, then
+ * ctl_pool_lend_idle_locked for each address, then ctl_pool_unlock, with
+ * nothing else of the pool's called between. ctl_pool_lend_idle_locked
+ * returns an idle connection to
+ * `address`, or NULL when it has none (then nothing is dialled, nothing is
+ * counted and no error is made: the caller lends it the usual way
+ * elsewhere). One lock for the batch, not one a target: each lock is a
+ * full fence, which kept the lookups' cache misses one after another. */
+void ctl_pool_lock(ctl_pool *pool);
+ctl_conn *ctl_pool_lend_idle_locked(ctl_pool *pool, const char *address);
+void ctl_pool_unlock(ctl_pool *pool);
 
 /* Give back a connection whose last request completed cleanly. */
 void ctl_pool_return(ctl_pool *pool, ctl_conn *conn);

@@ -201,13 +201,17 @@ int ctl_rq_send(ctl_client *c, ctl_rq *p)
     p->req = NULL;
     rc = ctl_client_refuse(c, req, p->address, p->op, p->timeout_ms, &p->addr,
                            err);
-    if (rc == 0 && p->idle_only && !(p->conn = ctl_pool_lend_idle(c->pool, p->address))) {
+    if (rc == 0 && p->idle_only && !p->conn) {
         p->req = req; /* for the thread that may dial */
         return 0;
     }
     if (rc == 0 && !p->conn && !(p->conn = ctl_pool_lend(c->pool, p->address, err)))
         rc = err->kind ? (int)err->kind : CTL_TRANSFER;
     if (rc != 0) {
+        if (p->conn) { /* lent beforehand (idle_only), unused */
+            ctl_pool_return(c->pool, p->conn);
+            p->conn = NULL;
+        }
         ctl_frame_fini(req);
         p->done = 1;
         return rc;

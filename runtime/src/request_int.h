@@ -115,8 +115,9 @@ typedef struct ctl_rq {
     int64_t sent_ms;   /* when it was handed to its socket (monitor checks) */
     int unsent;        /* its socket has no connection yet: `out` waits */
     int notify;        /* a notify: counted as one, no reply awaited */
-    /* ctl_rq_send lends only an idle socket; with none, the request is
-     * left as it was (not sent, not done, its frame kept) for a thread
+    /* The caller lent `conn` an idle socket beforehand, or found none:
+     * ctl_rq_send then lends nothing, and with no socket leaves the
+     * request as it was (not sent, not done, its frame kept) for a thread
      * that may dial (engine.c: an asynchronous fan-out's caller). */
     int idle_only;
     zmq_msg_t out;     /* the message, while unsent */

@@ -686,6 +686,53 @@ static void test_oversize_request_not_sent(void **state)
     assert_int_equal(st.sockets_opened, 0);
 }
 
+/* A fan-out lends each target an idle socket before it sends any: a
+ * target refused after that (its request over the limit) gives its socket
+ * back, and the next fan-out uses it again rather than dialing. */
+static void test_oversize_target_returns_socket(void **state)
+{
+    fx *f = *state;
+    log_lines logged = {0, ""};
+    ctl_client_options o;
+    ctl_client *c = NULL;
+    ctl_client_options_init(&o);
+    o.limits.max_msg_bytes = 1024;
+    o.log = keep_log;
+    o.log_user = &logged;
+    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, CALL_MS,
+                                     &f->reply, &f->err), 0);
+    ctl_reply_destroy(&f->reply);
+    static unsigned char big[4096];
+    msgpack_pack_map(&f->args.pk, 1);
+    tu_pk_str(&f->args.pk, "data");
+    msgpack_pack_bin(&f->args.pk, sizeof big);
+    msgpack_pack_bin_body(&f->args.pk, big, sizeof big);
+    ctl_target targets[2] = {
+        {f->unit.endpoint, f->args.sb.data, f->args.sb.size},
+        {f->unit.endpoint, NULL, 0},
+    };
+    for (int round = 0; round < 4; round++) {
+        ctl_outcome out[2];
+        assert_int_equal(ctl_client_call_many(c, "echo", targets, 2, CALL_MS, out), 1);
+        assert_int_equal(out[0].error.kind, CTL_TRANSFER);
+        assert_int_equal(out[0].error.cause, CTL_CAUSE_TOO_LARGE);
+        assert_int_equal(out[1].error.kind, CTL_OK);
+        ctl_outcomes_fini(out, 2);
+    }
+    ctl_client_stats st;
+    ctl_client_stats_get(c, &st);
+    ctl_address_stats as;
+    ctl_client_address_stats(c, f->unit.endpoint, &as);
+    ctl_client_destroy(&c);
+    /* The one socket, lent to the first target, given back when it was
+     * refused, and lent again to the second: never one dialed, none kept
+     * from the pool. */
+    assert_int_equal(st.sockets_opened, 1);
+    assert_int_equal(as.sockets, 1);
+    assert_int_equal(as.errors[CTL_CAUSE_TOO_LARGE], 4);
+}
+
 static void test_oversize_reply_dropped(void **state)
 {
     fx *f = *state;
@@ -1600,6 +1647,7 @@ int main(void)
         T(test_refused_then_listening),
         T(test_call_many_refused_returns_early),
         T(test_oversize_request_not_sent),
+        T(test_oversize_target_returns_socket),
         T(test_oversize_reply_dropped),
         T(test_address_stats),
         T(test_address_stats_many),
