@@ -751,31 +751,45 @@ int ctl_engine_event_fd(const ctl_engine *e)
 
 /* A call whose requests are all done: settle its outcomes and queue it
  * for delivery after this pass. */
+/* Request i of `call` is done for good: its outcome is made final (its
+ * reply moved there, or an error), its counts taken, and the typed
+ * layer's hook run on it. Once a request, as it ends, so that a large
+ * fan-out's last reply leaves little to do after it. */
+static void outcome_final(ctl_engine *e, ctl_call *call, size_t i)
+{
+    ctl_rq *rq = &call->rqs[i];
+    if (rq->final)
+        return;
+    rq->final = 1;
+    ctl_outcome *o = &call->outcomes[i];
+    o->reply = call->replies[i];
+    call->replies[i] = NULL;
+    if (!o->reply && o->error.kind == CTL_OK)
+        ctl_error_transfer(&o->error, CTL_CAUSE_TRANSPORT,
+                           "%s at %s: no reply", call->op,
+                           call->addresses[i] ? call->addresses[i] : "?");
+    rq->reply = &o->reply;
+    ctl_rq_end(e->client, rq);
+    if (call->ext.outcome_final)
+        call->ext.outcome_final(call, i);
+}
+
 static void end_call(ctl_engine *e, ctl_call *call)
 {
-    ctl_client *c = e->client;
     heap_remove(e, &call->timer);
     live_remove(e, call);
-    for (size_t i = 0; i < call->count; i++) {
-        ctl_outcome *o = &call->outcomes[i];
-        o->reply = call->replies[i];
-        call->replies[i] = NULL;
-        if (!o->reply && o->error.kind == CTL_OK)
-            ctl_error_transfer(&o->error, CTL_CAUSE_TRANSPORT,
-                               "%s at %s: no reply", call->op,
-                               call->addresses[i] ? call->addresses[i] : "?");
-        ctl_rq *rq = &call->rqs[i];
-        rq->reply = &o->reply;
-        ctl_rq_end(c, rq);
-    }
-    ctl_client_unreserve(c, call->count);
+    /* Those not made final as they ended (a call that never got going). */
+    for (size_t i = 0; i < call->count; i++)
+        outcome_final(e, call, i);
+    ctl_client_unreserve(e->client, call->count);
     call->next = e->ended;
     e->ended = call;
 }
 
-/* One request of `call` (a call in flight) is done, for good. */
-static void rq_done(ctl_engine *e, ctl_call *call)
+/* Request `rq` of `call` (a call in flight) is done, for good. */
+static void rq_done(ctl_engine *e, ctl_call *call, ctl_rq *rq)
 {
+    outcome_final(e, call, (size_t)(rq - call->rqs));
     if (call->left == NEAR_LEFT)
         e->near++;
     if (--call->left == 0)
@@ -806,7 +820,7 @@ static void rq_ended(ctl_engine *e, ctl_rq *rq)
             return;
         rq->backoff = 0; /* out of memory for the timer: it ends here */
     }
-    rq_done(e, call);
+    rq_done(e, call, rq);
 }
 
 /* Read what has arrived for `rq` until its socket has nothing more. */
@@ -905,19 +919,19 @@ static void start_call(ctl_engine *e, ctl_call *call, const char *refuse_why)
             /* Sent by the caller (send_here): watch it, or end the attempt
              * that failed there (its retries go on here). */
             if (!rq->address) {
-                rq_done(e, call);
+                rq_done(e, call, rq);
                 continue;
             }
             watch(e, rq, rq->done ? -1 : 0);
         } else if (!rq->address) {
             rq_no_address(call, i);
-            rq_done(e, call);
+            rq_done(e, call, rq);
         } else if (cancelled || refuse_why) {
             ctl_frame_fini(rq->req);
             ctl_rq_fail(c, rq, CTL_CAUSE_CANCELLED,
                         refuse_why ? refuse_why
                                    : "cancelled by the caller; nothing was sent");
-            rq_done(e, call);
+            rq_done(e, call, rq);
         } else {
             watch(e, rq, ctl_rq_send(c, rq));
         }
@@ -951,7 +965,7 @@ static void fail_call(ctl_engine *e, ctl_call *call, ctl_cause cause,
             ctl_rq_fail(e->client, rq, cause,
                         rq->conn && !rq->unsent ? sent_why : unsent_why);
         }
-        rq_done(e, call);
+        rq_done(e, call, rq);
     }
 }
 
@@ -1017,14 +1031,14 @@ static void expire_pass(ctl_engine *e, int64_t now)
                  * lets a backoff pass the deadline; a late timer can). */
                 heap_remove(e, &rq->timer);
                 rq->backoff = 0;
-                rq_done(e, call);
+                rq_done(e, call, rq);
                 continue;
             }
             if (rq->done)
                 continue;
             disarm(e, rq);
             ctl_rq_time_out(e->client, rq);
-            rq_done(e, call);
+            rq_done(e, call, rq);
         }
     }
 }

@@ -43,6 +43,11 @@
 typedef struct ctl_call_ext {
     void (*deliver)(ctl_call *call);
     void (*fini)(ctl_call *call);
+    /* Request i's outcome is final (call->outcomes[i], its reply there):
+     * run by the engine's driver as each request ends, before the call
+     * ends, so that a fan-out's results decode as their replies come
+     * rather than all after the last. It runs no caller code. */
+    void (*outcome_final)(ctl_call *call, size_t i);
     const void *desc;       /* the op's descriptor */
     void *typed;            /* typed outcomes (fan-out) */
     void (*done)(void);     /* the typed callback, cast back by `thunk` */

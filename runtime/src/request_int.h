@@ -137,6 +137,7 @@ typedef struct ctl_rq {
     int kept;          /* `keep` holds the message */
     int backoff;       /* waiting out a backoff (no socket, not done) */
     int attempt_timer; /* `timer` holds this attempt's own end (engine.c) */
+    int final;         /* its outcome was made final (engine.c) */
     zmq_msg_t keep;
     ctl_timer timer;   /* the backoff's end (engine.c) */
 } ctl_rq;

@@ -141,32 +141,41 @@ static ctl_reply **outcome_reply(const ctl_op_desc *op, void *outcomes, size_t i
     return (ctl_reply **)(outcome(op, outcomes, i) + op->outcome_reply);
 }
 
-/* Turn the untyped outcomes `raw` of a fan-out of `op` into its typed
- * outcomes (errors and replies move; results decode); returns how many
- * failed. */
-static size_t typed_outcomes(const ctl_op_desc *op, ctl_outcome *raw,
-                             const char *const *addresses, void *outcomes,
-                             size_t count)
+/* Turn the untyped outcome raw[i] of a fan-out of `op` into its typed
+ * outcome (its error and reply move; its result decodes). */
+static void typed_outcome(const ctl_op_desc *op, ctl_outcome *raw,
+                          const char *const *addresses, void *outcomes, size_t i)
+{
+    ctl_error *e = outcome_error(op, outcomes, i);
+    /* Move the error: its strings now belong to the typed outcome. */
+    *e = raw[i].error;
+    ctl_error_init(&raw[i].error);
+    declared(op, e);
+    void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result : NULL;
+    if (raw[i].reply &&
+        ctl_stub_decode_result(op, raw[i].reply, addresses[i], result, e) == 0 &&
+        op->keep_reply)
+        *outcome_reply(op, outcomes, i) = raw[i].reply;
+    else
+        ctl_reply_destroy(&raw[i].reply);
+    raw[i].reply = NULL; /* moved or freed */
+}
+
+/* The engine's hook (ctl_call_ext.outcome_final): a fan-out's typed
+ * outcome i, as its request ends. */
+static void outcome_final(ctl_call *call, size_t i)
+{
+    typed_outcome(call->ext.desc, call->outcomes, (const char *const *)call->addresses,
+                  call->ext.typed, i);
+}
+
+/* How many of a fan-out's typed outcomes failed. */
+static size_t count_failed(const ctl_op_desc *op, void *outcomes, size_t count)
 {
     size_t failed = 0;
-    for (size_t i = 0; i < count; i++) {
-        ctl_error *e = outcome_error(op, outcomes, i);
-        /* Move the error: its strings now belong to the typed outcome. */
-        *e = raw[i].error;
-        ctl_error_init(&raw[i].error);
-        declared(op, e);
-        void *result = op->result ? outcome(op, outcomes, i) + op->outcome_result
-                                  : NULL;
-        if (raw[i].reply &&
-            ctl_stub_decode_result(op, raw[i].reply, addresses[i], result, e) == 0 &&
-            op->keep_reply)
-            *outcome_reply(op, outcomes, i) = raw[i].reply;
-        else
-            ctl_reply_destroy(&raw[i].reply);
-        raw[i].reply = NULL; /* moved or freed */
-        if (e->kind != CTL_OK)
+    for (size_t i = 0; i < count; i++)
+        if (outcome_error(op, outcomes, i)->kind != CTL_OK)
             failed++;
-    }
     return failed;
 }
 
@@ -205,6 +214,11 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         for (size_t i = 0; i < count; i++)
             frame_request(&call->reqs[i], op, false,
                           args ? (const char *)args + i * op->args->size : NULL);
+        /* The engine fills the caller's outcomes as the requests end; this
+         * thread reads them once the call has ended. */
+        call->ext.desc = op;
+        call->ext.typed = outcomes;
+        call->ext.outcome_final = outcome_final;
         rc = ctl_client_many_run(call, call_flags(op), &err);
     }
     if (rc != 0) {
@@ -213,7 +227,7 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         ctl_error_fini(&err);
         return count > INT32_MAX ? INT32_MAX : (int)count;
     }
-    size_t failed = typed_outcomes(op, call->outcomes, addresses, outcomes, count);
+    size_t failed = count_failed(op, outcomes, count);
     ctl_call_release(call);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }
@@ -354,9 +368,6 @@ static void deliver_one(ctl_call *call)
 
 static void deliver_many(ctl_call *call)
 {
-    const ctl_op_desc *op = call->ext.desc;
-    typed_outcomes(op, call->outcomes, (const char *const *)call->addresses,
-                   call->ext.typed, call->count);
     ((ctl_stub_many_thunk *)call->ext.thunk)(call->ext.done, call->user,
                                              call->ext.typed, call->count);
 }
@@ -443,6 +454,7 @@ int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
     c->flags = call_flags(op);
     c->ext.deliver = deliver_many;
     c->ext.fini = fini_many;
+    c->ext.outcome_final = outcome_final;
     c->ext.desc = op;
     c->ext.typed = typed;
     c->ext.done = done;
