@@ -749,8 +749,6 @@ int ctl_engine_event_fd(const ctl_engine *e)
 
 /* ---- the I/O thread ---------------------------------------------------- */
 
-/* A call whose requests are all done: settle its outcomes and queue it
- * for delivery after this pass. */
 /* Request i of `call` is done for good: its outcome is made final (its
  * reply moved there, or an error), its counts taken, and the typed
  * layer's hook run on it. Once a request, as it ends, so that a large
@@ -774,6 +772,8 @@ static void outcome_final(ctl_engine *e, ctl_call *call, size_t i)
         call->ext.outcome_final(call, i);
 }
 
+/* A call whose requests are all done: queue it for delivery after this
+ * pass. */
 static void end_call(ctl_engine *e, ctl_call *call)
 {
     heap_remove(e, &call->timer);
