@@ -1165,6 +1165,41 @@ static void test_many_start(void **state)
     ctl_call_release(call);
 }
 
+/* A fan-out's requests are settled and counted as each ends, not when
+ * the last one does: with one target refused and one silent, the refusal
+ * is in its address's counters while the call still waits for the other. */
+static void test_many_counts_each_as_it_ends(void **state)
+{
+    fx *f = *state;
+    char dead[CTL_ENDPOINT_MAX];
+    tu_dead_address(dead, sizeof dead);
+    assert_int_equal(tu_fake_start(&f->fake, silent, NULL), 0);
+    ctl_target t[2] = {{dead, NULL, 0}, {tu_fake_endpoint(f->fake), NULL, 0}};
+    many_seen m = {0};
+    ctl_call *call = NULL;
+    assert_int_equal(ctl_client_call_many_start(f->client, "echo", t, 2, 6 * CALL_MS,
+                                                on_many, &m, &call, &f->err),
+                     0);
+    ctl_address_stats as;
+    int64_t until = tu_now_ms() + CALL_MS;
+    do {
+        ctl_client_address_stats(f->client, dead, &as);
+        if (as.errors[CTL_CAUSE_REFUSED] > 0)
+            break;
+        tu_sleep_ms(5);
+    } while (tu_now_ms() < until);
+    assert_int_equal(as.errors[CTL_CAUSE_REFUSED], 1);
+    assert_int_equal(ctl_call_wait(call, 0), CTL_TRANSFER); /* still in flight */
+    assert_int_equal(atomic_load(&m.completions), 0);
+    ctl_call_cancel(call);
+    assert_int_equal(process_until(f->client, &m.completions, 1, CALL_MS), 1);
+    assert_int_equal(m.kinds[0], CTL_TRANSFER);
+    assert_int_equal(m.causes[0], CTL_CAUSE_REFUSED);
+    assert_int_equal(m.kinds[1], CTL_TRANSFER);
+    assert_int_equal(m.causes[1], CTL_CAUSE_CANCELLED);
+    ctl_call_release(call);
+}
+
 /* An asynchronous fan-out sends on the caller's thread the requests whose
  * address has an idle socket, and leaves the rest (a dial) to the I/O
  * thread: with one idle socket to the unit and three targets there, one
@@ -1919,6 +1954,7 @@ int main(void)
         T(test_max_in_flight),
         T(test_start_failures_logged_per_cause),
         T(test_many_start),
+        T(test_many_counts_each_as_it_ends),
         T(test_many_start_warm_and_cold),
         T(test_many_start_cancelled_at_once),
         T(test_release_early),
