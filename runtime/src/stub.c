@@ -163,7 +163,7 @@ static void typed_outcome(const ctl_op_desc *op, ctl_outcome *raw,
 
 /* The engine's hook (ctl_call_ext.outcome_final): a fan-out's typed
  * outcome i, as its request ends. */
-static void outcome_final(ctl_call *call, size_t i)
+static void typed_outcome_final(ctl_call *call, size_t i)
 {
     typed_outcome(call->ext.desc, call->outcomes, (const char *const *)call->addresses,
                   call->ext.typed, i);
@@ -218,7 +218,7 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
          * thread reads them once the call has ended. */
         call->ext.desc = op;
         call->ext.typed = outcomes;
-        call->ext.outcome_final = outcome_final;
+        call->ext.outcome_final = typed_outcome_final;
         rc = ctl_client_many_run(call, call_flags(op), &err);
     }
     if (rc != 0) {
@@ -454,7 +454,7 @@ int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
     c->flags = call_flags(op);
     c->ext.deliver = deliver_many;
     c->ext.fini = fini_many;
-    c->ext.outcome_final = outcome_final;
+    c->ext.outcome_final = typed_outcome_final;
     c->ext.desc = op;
     c->ext.typed = typed;
     c->ext.done = done;

@@ -631,23 +631,37 @@ static void keep_log(void *user, const char *line)
     snprintf(l->last, sizeof l->last, "%s", line);
 }
 
-static void test_oversize_request_not_sent(void **state)
+/* A client whose messages are limited to `max_msg_bytes`, its log lines
+ * kept in *logged. */
+static ctl_client *limited_client(fx *f, size_t max_msg_bytes, log_lines *logged)
 {
-    fx *f = *state;
-    log_lines logged = {0, ""};
     ctl_client_options o;
     ctl_client *c = NULL;
     ctl_client_options_init(&o);
-    o.limits.max_msg_bytes = 1024;
+    o.limits.max_msg_bytes = max_msg_bytes;
     o.log = keep_log;
-    o.log_user = &logged;
+    o.log_user = logged;
     assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
-    const char *silent = start_silent(f);
+    return c;
+}
+
+/* Args {"data": 4096 bytes} in f->args: over a 1024-byte limit. */
+static void pack_big_data(fx *f)
+{
     static unsigned char big[4096];
     msgpack_pack_map(&f->args.pk, 1);
     tu_pk_str(&f->args.pk, "data");
     msgpack_pack_bin(&f->args.pk, sizeof big);
     msgpack_pack_bin_body(&f->args.pk, big, sizeof big);
+}
+
+static void test_oversize_request_not_sent(void **state)
+{
+    fx *f = *state;
+    log_lines logged = {0, ""};
+    ctl_client *c = limited_client(f, 1024, &logged);
+    const char *silent = start_silent(f);
+    pack_big_data(f);
     int rc = ctl_client_call(c, silent, "put", f->args.sb.data, f->args.sb.size,
                              LONG_MS, &f->reply, &f->err);
     assert_int_equal(rc, CTL_TRANSFER);
@@ -693,21 +707,11 @@ static void test_oversize_target_returns_socket(void **state)
 {
     fx *f = *state;
     log_lines logged = {0, ""};
-    ctl_client_options o;
-    ctl_client *c = NULL;
-    ctl_client_options_init(&o);
-    o.limits.max_msg_bytes = 1024;
-    o.log = keep_log;
-    o.log_user = &logged;
-    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    ctl_client *c = limited_client(f, 1024, &logged);
     assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, CALL_MS,
                                      &f->reply, &f->err), 0);
     ctl_reply_destroy(&f->reply);
-    static unsigned char big[4096];
-    msgpack_pack_map(&f->args.pk, 1);
-    tu_pk_str(&f->args.pk, "data");
-    msgpack_pack_bin(&f->args.pk, sizeof big);
-    msgpack_pack_bin_body(&f->args.pk, big, sizeof big);
+    pack_big_data(f);
     ctl_target targets[2] = {
         {f->unit.endpoint, f->args.sb.data, f->args.sb.size},
         {f->unit.endpoint, NULL, 0},
@@ -737,13 +741,7 @@ static void test_oversize_reply_dropped(void **state)
 {
     fx *f = *state;
     log_lines logged = {0, ""};
-    ctl_client_options o;
-    ctl_client *c = NULL;
-    ctl_client_options_init(&o);
-    o.limits.max_msg_bytes = 4096;
-    o.log = keep_log;
-    o.log_user = &logged;
-    assert_int_equal(ctl_client_new(&o, &c, &f->err), 0);
+    ctl_client *c = limited_client(f, 4096, &logged);
     /* A small call first: the connection is up and fine. */
     assert_int_equal(ctl_client_call(c, f->unit.endpoint, "echo", NULL, 0, CALL_MS,
                                      &f->reply, &f->err), 0);
