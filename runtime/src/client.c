@@ -448,6 +448,7 @@ int ctl_client_call_many_req(ctl_client *client, const char *op,
         if (outcomes[i].error.kind != CTL_OK)
             failed++;
     }
+    call->held = 0; /* all moved to the caller's */
     ctl_call_release(call);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }

@@ -340,11 +340,17 @@ static void call_free(ctl_call *call)
 {
     if (call->ext.fini)
         call->ext.fini(call);
-    for (size_t i = 0; i < call->count; i++) {
-        ctl_frame_fini(&call->reqs[i]); /* those never sent */
-        ctl_reply_destroy(&call->replies[i]);
-    }
-    ctl_outcomes_fini(call->outcomes, call->count);
+    /* A request made final let go of its frame and its reply then
+     * (outcome_final): a fan-out of a thousand that ended in full is not
+     * walked again here, after its last reply, where nothing else runs. */
+    int all_final = call->finals == call->count;
+    if (!all_final)
+        for (size_t i = 0; i < call->count; i++) {
+            ctl_frame_fini(&call->reqs[i]); /* those never sent */
+            ctl_reply_destroy(&call->replies[i]);
+        }
+    if (!all_final || call->held)
+        ctl_outcomes_fini(call->outcomes, call->count);
     ctl_engine *e = call->engine;
     free(call);
     engine_unref(e);
@@ -369,9 +375,9 @@ void ctl_call_release(ctl_call *call)
 }
 
 /* Set up the requests of a submitted call. */
-static void rqs_setup(ctl_call *call)
+static void rqs_setup_range(ctl_call *call, size_t from, size_t to)
 {
-    for (size_t i = 0; i < call->count; i++) {
+    for (size_t i = from; i < to; i++) {
         ctl_rq *rq = &call->rqs[i];
         ctl_rq_init(rq, call->addresses[i], call->op, call->timeout_ms,
                     &call->reqs[i], &call->replies[i], &call->outcomes[i].error);
@@ -380,6 +386,25 @@ static void rqs_setup(ctl_call *call)
         rq->flags = call->flags;
         rq->deadline_ms = call->deadline_ms;
     }
+}
+
+static void rqs_setup(ctl_call *call)
+{
+    rqs_setup_range(call, 0, call->count);
+}
+
+/* Pack request i's frame, when the starter left that to the engine
+ * (ctl_call_ext.frame). */
+static void frame_one(ctl_call *call, size_t i)
+{
+    if (call->ext.frame)
+        call->ext.frame(call, i);
+}
+
+static void frame_all(ctl_call *call)
+{
+    for (size_t i = 0; call->ext.frame && i < call->count; i++)
+        call->ext.frame(call, i);
 }
 
 /* Request i of `call` has no address (or no usable one: its starter set
@@ -397,6 +422,9 @@ static void rq_no_address(ctl_call *call, size_t i)
 /* How many targets ahead send_here reads a socket's state into the cache
  * (a fan-out's). */
 #define PREFETCH_AHEAD 4
+/* send_here sets up, lends and sends a fan-out's requests this many at a
+ * time. */
+#define SEND_CHUNK 64
 
 /* Start reading what a send touches of connection `conn` (NULL: none)
  * into the cache: its first two cache lines (its socket, its address,
@@ -429,29 +457,36 @@ static int left_unsent(const ctl_rq *rq)
 static void send_here(ctl_call *call)
 {
     ctl_client *c = call->client;
-    rqs_setup(call);
-    /* The idle sockets first, all under one lock: then the sends, each
+    /* A chunk at a time: its requests set up, its idle sockets lent under
+     * one hold of the pool's lock, then its frames packed and sent, each
      * with the socket a few targets on being read into the cache
      * meanwhile. A large fan-out's sockets are rarely all in the cache,
-     * and the request that leaves last ends the batch. */
-    ctl_pool_lock(c->pool);
-    for (size_t i = 0; i < call->count; i++)
-        if (call->rqs[i].address)
-            call->rqs[i].conn = ctl_pool_lend_idle_locked(c->pool, call->rqs[i].address);
-    ctl_pool_unlock(c->pool);
-    for (size_t i = 0; i < call->count; i++) {
-        ctl_rq *rq = &call->rqs[i];
-        if (i + PREFETCH_AHEAD < call->count)
-            prefetch_conn(call->rqs[i + PREFETCH_AHEAD].conn);
-        if (!rq->address) {
-            rq_no_address(call, i);
-            continue;
+     * and the request that leaves last ends the batch; in chunks, the
+     * first leaves after one chunk's setup rather than the whole batch's,
+     * and the units start on it while the rest go out. */
+    for (size_t from = 0; from < call->count; from += SEND_CHUNK) {
+        size_t to = call->count - from > SEND_CHUNK ? from + SEND_CHUNK : call->count;
+        rqs_setup_range(call, from, to);
+        ctl_pool_lock(c->pool);
+        for (size_t i = from; i < to; i++)
+            if (call->rqs[i].address)
+                call->rqs[i].conn = ctl_pool_lend_idle_locked(c->pool, call->rqs[i].address);
+        ctl_pool_unlock(c->pool);
+        for (size_t i = from; i < to; i++) {
+            ctl_rq *rq = &call->rqs[i];
+            if (i + PREFETCH_AHEAD < to)
+                prefetch_conn(call->rqs[i + PREFETCH_AHEAD].conn);
+            if (!rq->address) {
+                rq_no_address(call, i);
+                continue;
+            }
+            frame_one(call, i);
+            rq->idle_only = 1;
+            ctl_rq_send(c, rq);
+            rq->idle_only = 0;
+            if (left_unsent(rq))
+                call->dials = 1;
         }
-        rq->idle_only = 1;
-        ctl_rq_send(c, rq);
-        rq->idle_only = 0;
-        if (left_unsent(rq))
-            call->dials = 1;
     }
     call->sent = 1;
 }
@@ -499,14 +534,21 @@ int ctl_call_submit(ctl_call *call, ctl_call **out, ctl_error *err)
     atomic_store_explicit(&call->refs, out ? 2 : 1, memory_order_relaxed);
     if (out)
         *out = call;
+    /* send_here packs each frame as it sends; otherwise all are packed
+     * now, while the caller's args are there. */
+    int here = call->send_on_submit && io_engine != e;
+    if (!here)
+        frame_all(call);
     pthread_mutex_lock(&e->mu);
-    if (!e->stopping && call->send_on_submit && io_engine != e) {
+    if (!e->stopping && here) {
         /* A client is never destroyed while one of its blocking calls runs
          * (ctl_client_destroy is not thread-safe): checked once, here. */
         pthread_mutex_unlock(&e->mu);
         send_here(call);
         pthread_mutex_lock(&e->mu);
     }
+    call->ext.frame = NULL; /* every frame is packed: the args are the caller's again */
+    call->ext.args = NULL;
     if (e->stopping && !call->sent) {
         pthread_mutex_unlock(&e->mu);
         ctl_client_unreserve(c, call->count);
@@ -759,6 +801,9 @@ static void outcome_final(ctl_engine *e, ctl_call *call, size_t i)
     if (rq->final)
         return;
     rq->final = 1;
+    call->finals++;
+    if (rq->req) /* never sent, and it will not be now */
+        ctl_frame_fini(rq->req);
     ctl_outcome *o = &call->outcomes[i];
     o->reply = call->replies[i];
     call->replies[i] = NULL;
@@ -770,6 +815,9 @@ static void outcome_final(ctl_engine *e, ctl_call *call, size_t i)
     ctl_rq_end(e->client, rq);
     if (call->ext.outcome_final)
         call->ext.outcome_final(call, i);
+    /* The typed layer moves what the outcome held into its own. */
+    if (o->reply || o->error.kind != CTL_OK || o->error.msg)
+        call->held++;
 }
 
 /* A call whose requests are all done: queue it for delivery after this
@@ -779,7 +827,7 @@ static void end_call(ctl_engine *e, ctl_call *call)
     heap_remove(e, &call->timer);
     live_remove(e, call);
     /* Those not made final as they ended (a call that never got going). */
-    for (size_t i = 0; i < call->count; i++)
+    for (size_t i = 0; call->finals < call->count && i < call->count; i++)
         outcome_final(e, call, i);
     ctl_client_unreserve(e->client, call->count);
     call->next = e->ended;

@@ -48,6 +48,17 @@ typedef struct ctl_call_ext {
      * ends, so that a fan-out's results decode as their replies come
      * rather than all after the last. It runs no caller code. */
     void (*outcome_final)(ctl_call *call, size_t i);
+    /* Pack request i's frame (call->reqs[i]) from the caller's args: set
+     * by a starter that leaves the packing to the engine, which packs each
+     * frame just before its request is sent (send_here), so that a large
+     * fan-out's first request does not wait for its last to be packed.
+     * Every frame is packed before ctl_call_submit returns (the caller's
+     * args are not kept). NULL: the starter packed them all. */
+    void (*frame)(ctl_call *call, size_t i);
+    const void *args;       /* what `frame` packs from (the caller's) */
+    /* Typed outcomes that failed, counted by the typed layer's
+     * outcome_final as each request ends. */
+    size_t failed;
     const void *desc;       /* the op's descriptor */
     void *typed;            /* typed outcomes (fan-out) */
     void (*done)(void);     /* the typed callback, cast back by `thunk` */
@@ -67,6 +78,12 @@ struct ctl_call {
     int many;           /* a fan-out (its callback takes the outcomes) */
     size_t count;       /* requests */
     size_t left;        /* requests not done yet (I/O thread) */
+    /* Requests whose outcome is final (outcome_final), and of those the
+     * outcomes that still hold something (a reply, an error) for the
+     * caller: with every outcome final and none held, freeing the call
+     * walks none of its requests again. */
+    size_t finals;
+    size_t held;
     int timeout_ms;
     unsigned flags;     /* CTL_CALL_IDEMPOTENT */
     int64_t deadline_ms;
@@ -115,10 +132,10 @@ int ctl_engine_new(ctl_client *c, ctl_engine **out, ctl_error *err);
 void ctl_engine_destroy(ctl_engine **engine);
 
 /* A call of `count` requests for `op` to addresses[i] (copied; NULL
- * entries allowed: that request fails as CTL_INVALID). The caller fills
- * call->reqs[i] (every frame must be begun, even for a NULL address), the
- * callback and the hooks, then starts it with ctl_call_submit. NULL when
- * out of memory. */
+ * entries allowed: that request fails as CTL_INVALID). The caller packs
+ * call->reqs[i] (or sets ext.frame to have the engine pack them), sets
+ * the callback and the hooks, then starts it with ctl_call_submit. NULL
+ * when out of memory. */
 ctl_call *ctl_call_alloc(ctl_client *c, const char *op,
                          const char *const *addresses, size_t count, int many,
                          int timeout_ms);

@@ -165,18 +165,20 @@ static void typed_outcome(const ctl_op_desc *op, ctl_outcome *raw,
  * outcome i, as its request ends. */
 static void typed_outcome_final(ctl_call *call, size_t i)
 {
-    typed_outcome(call->ext.desc, call->outcomes, (const char *const *)call->addresses,
+    const ctl_op_desc *op = call->ext.desc;
+    typed_outcome(op, call->outcomes, (const char *const *)call->addresses,
                   call->ext.typed, i);
+    if (outcome_error(op, call->ext.typed, i)->kind != CTL_OK)
+        call->ext.failed++;
 }
 
-/* How many of a fan-out's typed outcomes failed. */
-static size_t count_failed(const ctl_op_desc *op, void *outcomes, size_t count)
+/* The engine's hook (ctl_call_ext.frame): pack request i of a fan-out of
+ * `op` from the i-th of the caller's args, just before it is sent. */
+static void typed_frame(ctl_call *call, size_t i)
 {
-    size_t failed = 0;
-    for (size_t i = 0; i < count; i++)
-        if (outcome_error(op, outcomes, i)->kind != CTL_OK)
-            failed++;
-    return failed;
+    const ctl_op_desc *op = call->ext.desc;
+    frame_request(&call->reqs[i], op, false,
+                  call->ext.args ? (const char *)call->ext.args + i * op->args->size : NULL);
 }
 
 int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
@@ -208,15 +210,14 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         rc = ctl_error_transfer(&err, CTL_CAUSE_NOMEM, "%s_many: out of memory",
                                 op->name);
     } else {
-        /* One frame per target, args packed straight into the call; a
-         * target whose packing ran out of memory gets its own error from
-         * the fan-out. */
-        for (size_t i = 0; i < count; i++)
-            frame_request(&call->reqs[i], op, false,
-                          args ? (const char *)args + i * op->args->size : NULL);
-        /* The engine fills the caller's outcomes as the requests end; this
-         * thread reads them once the call has ended. */
+        /* One frame per target, args packed straight into the call as
+         * each request goes out (the engine runs typed_frame); a target
+         * whose packing ran out of memory gets its own error from the
+         * fan-out. The engine fills the caller's outcomes as the requests
+         * end; this thread reads them once the call has ended. */
         call->ext.desc = op;
+        call->ext.args = args;
+        call->ext.frame = typed_frame;
         call->ext.typed = outcomes;
         call->ext.outcome_final = typed_outcome_final;
         rc = ctl_client_many_run(call, call_flags(op), &err);
@@ -227,7 +228,7 @@ int ctl_stub_call_many(ctl_client *client, const ctl_op_desc *op,
         ctl_error_fini(&err);
         return count > INT32_MAX ? INT32_MAX : (int)count;
     }
-    size_t failed = count_failed(op, outcomes, count);
+    size_t failed = call->ext.failed;
     ctl_call_release(call);
     return failed > INT32_MAX ? INT32_MAX : (int)failed;
 }
@@ -445,16 +446,16 @@ int ctl_stub_call_many_start(ctl_client *client, const ctl_op_desc *op,
                            op->name);
         return start_failed(client, &err);
     }
-    for (size_t i = 0; i < count; i++) {
-        ctl_error_init(outcome_error(op, typed, i));
-        frame_request(&c->reqs[i], op, false,
-                      args ? (const char *)args + i * op->args->size : NULL);
-    }
+    /* calloc: every typed outcome starts as an initialised, empty error
+     * (ctl_error_init is all zeros). The engine packs each frame as its
+     * request goes out, all before ctl_call_submit returns. */
     c->user = user;
     c->flags = call_flags(op);
     c->ext.deliver = deliver_many;
     c->ext.fini = fini_many;
     c->ext.outcome_final = typed_outcome_final;
+    c->ext.frame = typed_frame;
+    c->ext.args = args;
     c->ext.desc = op;
     c->ext.typed = typed;
     c->ext.done = done;

@@ -4362,6 +4362,131 @@ static void test_many_start_outcomes_outlive_callback(void **state)
     }
 }
 
+/* Where target i of test_many_over_send_chunks goes: two units that
+ * answer, one that refuses, an address where nothing listens, none. */
+static const char *chunk_target(const mx_fx *f, size_t i)
+{
+    switch (i % 5) {
+    case 0: return f->unit[0].addr;
+    case 1: return f->unit[1].addr;
+    case 2: return f->unit[2].addr;
+    case 3: return f->dead;
+    default: return NULL;
+    }
+}
+
+/* Target i's outcome of a repeat fan-out whose target i sent the 8 bytes
+ * of `tag` (twice over: `times` 2), by where it went. */
+static void expect_chunk_outcome(const mx_fx *f, size_t i, const char *tag,
+                                 const matrix_repeat_outcome *o)
+{
+    switch (i % 5) {
+    case 0:
+    case 1:
+        if (o->error.kind != CTL_OK)
+            fail_msg("target %zu: %s", i, o->error.msg);
+        assert_true(o->result.present);
+        assert_int_equal(o->result.value.len, 16);
+        if (memcmp(o->result.value.ptr, tag, 8) != 0 ||
+            memcmp(o->result.value.ptr + 8, tag, 8) != 0)
+            fail_msg("target %zu came back with another target's bytes", i);
+        break;
+    case 2:
+        assert_int_equal(o->error.kind, CTL_TRANSFER);
+        assert_int_equal(o->error.cause, CTL_CAUSE_REMOTE);
+        expect_substr(o->error.msg, "this unit refuses");
+        break;
+    case 3:
+        assert_int_equal(o->error.kind, CTL_TRANSFER);
+        expect_substr(o->error.msg, f->dead);
+        break;
+    default:
+        assert_int_equal(o->error.kind, CTL_INVALID);
+        expect_substr(o->error.msg, "no address");
+        break;
+    }
+}
+
+/* A fan-out of a couple of hundred targets, more than the engine sets up
+ * and sends at a time, each request packed from the caller's args as it
+ * goes out: every target's args are its own (freed and scribbled on as
+ * soon as the asynchronous start returns), and the targets cycle through
+ * units that answer, one that refuses, a dead address and a missing one.
+ * The blocking _many and _many_start on both clients find every outcome
+ * in its place (a unit's answer carries its own target's bytes), and
+ * _many returns the number that failed. Twice: cold sockets, then warm
+ * ones. */
+static void test_many_over_send_chunks(void **state)
+{
+    enum { N = 203 };
+    mx_fx *f = *state;
+    static char tags[N][8];
+    const char *addrs[N];
+    size_t failing = 0;
+    for (size_t i = 0; i < N; i++) {
+        snprintf(tags[i], sizeof tags[i], "t%06zu", i);
+        addrs[i] = chunk_target(f, i);
+        failing += i % 5 >= 2;
+    }
+    for (int round = 0; round < 2; round++) {
+        matrix_repeat_args *a = calloc(N, sizeof *a);
+        matrix_repeat_outcome *bo = calloc(N, sizeof *bo);
+        assert_non_null(a);
+        assert_non_null(bo);
+        for (size_t i = 0; i < N; i++) {
+            matrix_repeat_args_init(&a[i]);
+            a[i].data = (ctl_str){tags[i], 8};
+            a[i].times = 2;
+        }
+        assert_int_equal(matrix_repeat_many(f->proc, addrs, a, N, CALL_MS, bo), (int)failing);
+        for (size_t i = 0; i < N; i++)
+            expect_chunk_outcome(f, i, tags[i], &bo[i]);
+        matrix_repeat_outcomes_fini(bo, N);
+        free(bo);
+
+        mx_many m[2];
+        ctl_call *calls[2] = {NULL, NULL};
+        memset(m, 0, sizeof m);
+        for (int k = 0; k < 2; k++) {
+            /* Args and addresses the caller frees right after the start. */
+            matrix_repeat_args *own = malloc(N * sizeof *own);
+            char *tagcopy = malloc(N * 8);
+            const char **own_addrs = malloc(N * sizeof *own_addrs);
+            assert_non_null(own);
+            assert_non_null(tagcopy);
+            assert_non_null(own_addrs);
+            memcpy(tagcopy, tags, N * 8);
+            for (size_t i = 0; i < N; i++) {
+                own[i] = a[i];
+                own[i].data.ptr = tagcopy + 8 * i;
+                own_addrs[i] = addrs[i] ? addr_dup(addrs[i]) : NULL;
+            }
+            assert_int_equal(matrix_repeat_many_start(k ? f->io : f->proc, own_addrs, own, N,
+                                                      CALL_MS, mx_on_repeat_many, &m[k],
+                                                      &calls[k]),
+                             0);
+            for (size_t i = 0; i < N; i++)
+                if (own_addrs[i])
+                    addr_free((char *)own_addrs[i]);
+            memset(tagcopy, 0xee, N * 8);
+            memset(own, 0xee, N * sizeof *own);
+            free(tagcopy);
+            free(own);
+            free(own_addrs);
+        }
+        free(a);
+        mx_wait_delivered(f->proc, calls[0], &m[0].completions);
+        mx_wait_delivered(f->io, calls[1], &m[1].completions);
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(m[k].count, N);
+            for (size_t i = 0; i < N; i++)
+                expect_chunk_outcome(f, i, tags[i],
+                                     (const matrix_repeat_outcome *)m[k].outcomes + i);
+            ctl_call_release(calls[k]);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -4403,6 +4528,7 @@ int main(void)
         M(test_find_many_start_matches_many),
         M(test_start_result_outlives_callback),
         M(test_many_start_outcomes_outlive_callback),
+        M(test_many_over_send_chunks),
 #undef M
 #undef C
 #undef T
