@@ -56,9 +56,12 @@ typedef struct ctl_call_ext {
      * args are not kept). NULL: the starter packed them all. */
     void (*frame)(ctl_call *call, size_t i);
     const void *args;       /* what `frame` packs from (the caller's) */
-    /* Typed outcomes that failed, counted by the typed layer's
-     * outcome_final as each request ends. */
+    /* Typed outcomes that failed, and those that keep their reply (for
+     * the views their results hold), counted by the typed layer's
+     * outcome_final as each request ends: with neither, the typed
+     * outcomes hold nothing to release. */
     size_t failed;
+    size_t kept;
     const void *desc;       /* the op's descriptor */
     void *typed;            /* typed outcomes (fan-out) */
     void (*done)(void);     /* the typed callback, cast back by `thunk` */

@@ -170,6 +170,8 @@ static void typed_outcome_final(ctl_call *call, size_t i)
                   call->ext.typed, i);
     if (outcome_error(op, call->ext.typed, i)->kind != CTL_OK)
         call->ext.failed++;
+    if (*outcome_reply(op, call->ext.typed, i))
+        call->ext.kept++;
 }
 
 /* The engine's hook (ctl_call_ext.frame): pack request i of a fan-out of
@@ -377,7 +379,11 @@ static void fini_many(ctl_call *call)
 {
     if (!call->ext.typed)
         return;
-    ctl_stub_outcomes_fini(call->ext.desc, call->ext.typed, call->count);
+    /* Outcomes that all succeeded with nothing kept hold nothing: a
+     * thousand of them are not walked again (from the thread that
+     * releases the call, whose caches the engine's thread filled). */
+    if (call->ext.failed || call->ext.kept || call->finals < call->count)
+        ctl_stub_outcomes_fini(call->ext.desc, call->ext.typed, call->count);
     free(call->ext.typed);
     call->ext.typed = NULL;
 }
